@@ -1,0 +1,151 @@
+// Package cli is the baton command line: one binary, one type per
+// subcommand, each with its flags, BATON_* variables and usage text. main
+// only calls Run.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/logging"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=...".
+var Version = "dev"
+
+// ExitError carries a specific exit code (for example `baton status` when
+// something needs attention) without being printed as a failure.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit status %d", e.Code)
+	}
+	return e.Err.Error()
+}
+
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// UsageError is a mistake in the command line: exit code 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Env is what every subcommand receives besides its flags.
+type Env struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	// Log is the base logger; services add their component field.
+	Log zerolog.Logger
+}
+
+// root is the grammar of the command line.
+type root struct {
+	logging.Options
+
+	Migrate migrateCmd `cmd:"" help:"Apply database migrations (or show their status)."`
+	Token   tokenCmd   `cmd:"" help:"Manage API tokens."`
+	API     apiCmd     `cmd:"" name:"api" help:"Serve the HTTP API."`
+	Relay   relayCmd   `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
+	Worker  workerCmd  `cmd:"" help:"Run agent turns from the outbox stream."`
+	Dev     devCmd     `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
+	Version versionCmd `cmd:"" help:"Print the version."`
+}
+
+type exitSentinel struct{ code int }
+
+// Run parses args (without the program name) and runs the subcommand.
+// Errors are returned for main to print and map to an exit code; see
+// ExitCode.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	var r root
+	parser, err := kong.New(&r,
+		kong.Name("baton"),
+		kong.Description("Baton: a durable backend for AI-agent conversations."),
+		kong.Writers(stdout, stderr),
+		kong.Vars(config.Vars()),
+		kong.UsageOnError(),
+		kong.Exit(func(code int) { panic(exitSentinel{code}) }),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s, ok := p.(exitSentinel)
+			if !ok {
+				panic(p)
+			}
+			if s.code != 0 {
+				err = &ExitError{Code: s.code}
+			}
+		}
+	}()
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		return &UsageError{Err: err}
+	}
+	log, err := logging.New(r.Options, stderr)
+	if err != nil {
+		return &UsageError{Err: err}
+	}
+	env := &Env{Stdout: stdout, Stderr: stderr, Log: log}
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	return kctx.Run(env)
+}
+
+// ExitCode maps an error returned by Run to a process exit code.
+func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		return ee.Code
+	}
+	var ue *UsageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+// openPool connects to PostgreSQL and checks the connection, so a wrong
+// URL fails at start with a message that says so.
+func openPool(ctx context.Context, db config.Database) (*pgxpool.Pool, error) {
+	if err := db.Validate(); err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d (database %q): %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+type versionCmd struct{}
+
+func (versionCmd) Run(env *Env) error {
+	_, err := fmt.Fprintln(env.Stdout, "baton", Version)
+	return err
+}

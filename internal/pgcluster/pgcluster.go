@@ -1,0 +1,374 @@
+// Package pgcluster creates and runs a private PostgreSQL cluster from the
+// machine's server binaries. `baton dev` keeps one under ./.baton, and the
+// tests start throwaway ones; both need logical replication turned on, which
+// is why the cluster is configured here and not left to a system service.
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrBinariesNotFound is returned when no initdb/postgres pair can be found.
+var ErrBinariesNotFound = errors.New("PostgreSQL server binaries (initdb, postgres) not found: " +
+	"install Debian's postgresql package (apt-get install -y postgresql), " +
+	"or point Baton at an existing server with BATON_DATABASE_URL")
+
+// FindBinDir returns the folder that holds initdb and postgres: the PATH
+// first, then Debian's versioned layout (/usr/lib/postgresql/<major>/bin),
+// newest major first.
+func FindBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool {
+		return majorOf(matches[i]) > majorOf(matches[j])
+	})
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", ErrBinariesNotFound
+}
+
+func majorOf(initdbPath string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdbPath))))
+	return n
+}
+
+// Options configure a cluster.
+type Options struct {
+	// Dir is the data directory. It is created by Init when missing.
+	Dir string
+	// Port is the TCP port on 127.0.0.1. Zero picks a free one.
+	Port int
+	// Durable keeps fsync on. Tests turn it off for speed; `baton dev`
+	// keeps it on so that data survives a machine crash too.
+	Durable bool
+	// Settings are extra `-c name=value` server settings.
+	Settings map[string]string
+	// LogFile receives the server's log. Defaults to <Dir>/postgres.log.
+	LogFile string
+}
+
+// Cluster is one PostgreSQL server process over one data directory.
+type Cluster struct {
+	opts   Options
+	binDir string
+	cred   *syscall.Credential
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// New prepares a cluster; nothing runs until Start.
+func New(opts Options) (*Cluster, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("pgcluster: Options.Dir is empty: give the data directory")
+	}
+	abs, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	opts.Dir = abs
+	if opts.LogFile == "" {
+		opts.LogFile = filepath.Join(opts.Dir, "postgres.log")
+	}
+	binDir, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts, binDir: binDir}
+	if os.Geteuid() == 0 {
+		// PostgreSQL refuses to run as root; run it as the postgres user
+		// that Debian's package creates.
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: running as root needs a 'postgres' user to run the server as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	return c, nil
+}
+
+// Dir returns the data directory.
+func (c *Cluster) Dir() string { return c.opts.Dir }
+
+// Port returns the TCP port.
+func (c *Cluster) Port() int { return c.opts.Port }
+
+// URL returns a connection URL for database db as the superuser "postgres".
+func (c *Cluster) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.opts.Port, db)
+}
+
+// Initialized reports whether the data directory holds a cluster.
+func (c *Cluster) Initialized() bool {
+	_, err := os.Stat(filepath.Join(c.opts.Dir, "PG_VERSION"))
+	return err == nil
+}
+
+// Init runs initdb unless the directory already holds a cluster.
+func (c *Cluster) Init(ctx context.Context) error {
+	if c.Initialized() {
+		return nil
+	}
+	if err := os.MkdirAll(c.opts.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := c.chown(c.opts.Dir); err != nil {
+		return err
+	}
+	args := []string{"-D", c.opts.Dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"}
+	if !c.opts.Durable {
+		args = append(args, "--no-sync")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	cmd.Dir = os.TempDir()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb %s: %w\n%s", c.opts.Dir, err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) chown(path string) error {
+	if c.cred == nil {
+		return nil
+	}
+	return filepath.Walk(path, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(c.cred.Uid), int(c.cred.Gid))
+	})
+}
+
+// FreePort asks the kernel for a free TCP port on 127.0.0.1.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// PortFree reports whether port can be bound on 127.0.0.1.
+func PortFree(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// Start launches the server and waits until it accepts connections.
+func (c *Cluster) Start(ctx context.Context) error {
+	c.mu.Lock()
+	if c.cmd != nil {
+		c.mu.Unlock()
+		return errors.New("pgcluster: already running")
+	}
+	if c.opts.Port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		c.opts.Port = p
+	} else if !PortFree(c.opts.Port) {
+		c.mu.Unlock()
+		return fmt.Errorf("port %d on 127.0.0.1 is busy: choose another one for the local PostgreSQL", c.opts.Port)
+	}
+	settings := map[string]string{
+		"listen_addresses":          "127.0.0.1",
+		"unix_socket_directories":   "",
+		"wal_level":                 "logical",
+		"max_wal_senders":           "40",
+		"max_replication_slots":     "40",
+		"max_connections":           "300",
+		"wal_sender_timeout":        "60s",
+		"shared_buffers":            "128MB",
+		"log_min_messages":          "warning",
+		"log_line_prefix":           "%m [%p] ",
+		"logical_decoding_work_mem": "64MB",
+	}
+	if !c.opts.Durable {
+		settings["fsync"] = "off"
+		settings["synchronous_commit"] = "off"
+		settings["full_page_writes"] = "off"
+	}
+	for k, v := range c.opts.Settings {
+		settings[k] = v
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	args := []string{"-D", c.opts.Dir, "-p", strconv.Itoa(c.opts.Port)}
+	for _, k := range keys {
+		args = append(args, "-c", k+"="+settings[k])
+	}
+	logf, err := os.OpenFile(c.opts.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
+	// Its own process group: a Ctrl-C in the terminal reaches Baton, which
+	// then stops PostgreSQL in order, instead of both racing.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Setpgid: true}
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.Dir = c.opts.Dir
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		c.mu.Unlock()
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	done := make(chan struct{})
+	c.cmd, c.done = cmd, done
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		c.mu.Lock()
+		if c.cmd == cmd {
+			c.cmd = nil
+		}
+		c.mu.Unlock()
+		close(done)
+	}()
+	c.mu.Unlock()
+	return c.waitReady(ctx, done)
+}
+
+func (c *Cluster) waitReady(ctx context.Context, done chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	backoff := 10 * time.Millisecond
+	for {
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err == nil {
+			conn.Close(ctx)
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("postgres exited during start-up; its log is %s:\n%s", c.opts.LogFile, tail(c.opts.LogFile, 20))
+		case <-ctx.Done():
+			return fmt.Errorf("postgres did not accept connections on port %d: %w (log: %s)", c.opts.Port, err, c.opts.LogFile)
+		case <-time.After(backoff):
+		}
+		if backoff < 200*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// StopMode says how the server shuts down (see "Shutting Down the Server"
+// in the PostgreSQL manual).
+type StopMode int
+
+const (
+	// Fast disconnects clients and shuts down cleanly (SIGINT).
+	Fast StopMode = iota
+	// Immediate quits without a shutdown checkpoint, like a crash: the next
+	// start runs recovery (SIGQUIT).
+	Immediate
+	// Kill sends SIGKILL to the postmaster.
+	Kill
+)
+
+// Stop shuts the server down in the given mode and waits for it to exit.
+func (c *Cluster) Stop(mode StopMode) error {
+	c.mu.Lock()
+	cmd, done := c.cmd, c.done
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	sig := syscall.SIGINT
+	switch mode {
+	case Immediate:
+		sig = syscall.SIGQUIT
+	case Kill:
+		sig = syscall.SIGKILL
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	if mode == Kill {
+		// Backends of a killed postmaster exit on their own once they notice;
+		// make sure none holds the port or the shared memory.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// Restart stops the server in the given mode and starts it again on the
+// same port.
+func (c *Cluster) Restart(ctx context.Context, mode StopMode) error {
+	if err := c.Stop(mode); err != nil {
+		return err
+	}
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = c.Start(ctx); err == nil || !strings.Contains(err.Error(), "busy") {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// Running reports whether the server process is alive.
+func (c *Cluster) Running() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cmd != nil
+}

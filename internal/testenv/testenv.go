@@ -1,0 +1,203 @@
+// Package testenv gives tests a real PostgreSQL and a real NATS JetStream:
+// a throwaway cluster started once per test package (or the server named by
+// BATON_TEST_DATABASE_URL), a fresh migrated database per test, and an
+// embedded NATS server per test (or BATON_TEST_NATS_URL).
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/migrations"
+)
+
+const templateDB = "baton_template"
+
+var (
+	serverOnce sync.Once
+	serverErr  error
+	adminURL   string // a URL to the "postgres" database of the server
+	cluster    *pgcluster.Cluster
+	clusterDir string
+
+	templateOnce sync.Once
+	templateErr  error
+
+	dbCounter atomic.Int64
+)
+
+// Main runs the package's tests and stops the package's Postgres cluster
+// afterwards. Use it from TestMain: os.Exit(testenv.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if cluster != nil {
+		_ = cluster.Stop(pgcluster.Fast)
+		_ = os.RemoveAll(clusterDir)
+	}
+	return code
+}
+
+func startServer() error {
+	serverOnce.Do(func() {
+		if u := os.Getenv("BATON_TEST_DATABASE_URL"); u != "" {
+			adminURL = u
+			return
+		}
+		dir, err := os.MkdirTemp("", "baton-test-pg-")
+		if err != nil {
+			serverErr = err
+			return
+		}
+		clusterDir = dir
+		c, err := pgcluster.New(pgcluster.Options{Dir: filepath.Join(dir, "data")})
+		if err != nil {
+			serverErr = err
+			return
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			serverErr = err
+			return
+		}
+		ctx := context.Background()
+		if err := c.Init(ctx); err != nil {
+			serverErr = err
+			return
+		}
+		if err := c.Start(ctx); err != nil {
+			serverErr = err
+			return
+		}
+		cluster = c
+		adminURL = c.URL("postgres")
+	})
+	return serverErr
+}
+
+// urlFor returns base with its database replaced by db.
+func urlFor(base, db string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/" + db
+	return u.String()
+}
+
+func prepareTemplate(ctx context.Context) error {
+	templateOnce.Do(func() {
+		conn, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			templateErr = err
+			return
+		}
+		defer conn.Close(ctx)
+		// A template left over from an earlier run against an external
+		// server may hold old migrations: build it anew.
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+templateDB+" WITH (FORCE)")
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+templateDB); err != nil {
+			templateErr = fmt.Errorf("create template database: %w", err)
+			return
+		}
+		pool, err := pgxpool.New(ctx, urlFor(adminURL, templateDB))
+		if err != nil {
+			templateErr = err
+			return
+		}
+		defer pool.Close()
+		if _, err := migrations.Up(ctx, pool); err != nil {
+			templateErr = err
+		}
+	})
+	return templateErr
+}
+
+// DB is a fresh, migrated database of its own for one test.
+type DB struct {
+	Name string
+	URL  string
+	Pool *pgxpool.Pool
+}
+
+// Database creates a fresh migrated database for t and drops it (and any
+// replication slot in it) when t ends.
+func Database(t testing.TB) *DB {
+	t.Helper()
+	ctx := context.Background()
+	if err := startServer(); err != nil {
+		t.Fatalf("testenv: start PostgreSQL: %v", err)
+	}
+	if err := prepareTemplate(ctx); err != nil {
+		t.Fatalf("testenv: prepare template database: %v", err)
+	}
+	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbCounter.Add(1))
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	for i := 0; ; i++ {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+templateDB)
+		if err == nil || i > 50 || !strings.Contains(err.Error(), "being accessed by other users") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("testenv: create database %s: %v", name, err)
+	}
+	dbURL := urlFor(adminURL, name)
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("testenv: open pool: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		DropDatabase(adminURL, name)
+	})
+	return &DB{Name: name, URL: dbURL, Pool: pool}
+}
+
+// DropDatabase drops db with its replication slots, ignoring errors: it is
+// cleanup.
+func DropDatabase(admin, db string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	for i := 0; i < 20; i++ {
+		_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, db)
+		_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, db)
+		var left int
+		_ = conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = $1`, db).Scan(&left)
+		if left == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+}
+
+// AdminURL returns a superuser URL to the package's server, starting it if
+// needed.
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	if err := startServer(); err != nil {
+		t.Fatalf("testenv: start PostgreSQL: %v", err)
+	}
+	return adminURL
+}

@@ -1,0 +1,148 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MaxIDLength is the longest conversation or message ID, in characters.
+const MaxIDLength = 200
+
+// ValidateID checks a client-chosen conversation or message ID: 1 to 200
+// characters of valid UTF-8 without control characters. Dots, '*', '>',
+// spaces and non-ASCII letters are allowed.
+func ValidateID(kind, id string) error {
+	if id == "" {
+		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%s id is not valid UTF-8", kind)
+	}
+	if n := utf8.RuneCountInString(id); n > MaxIDLength {
+		return fmt.Errorf("%s id is %d characters long: the limit is %d", kind, n, MaxIDLength)
+	}
+	for _, r := range id {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%s id contains the control character %U: use printable characters only", kind, r)
+		}
+	}
+	return nil
+}
+
+// TurnState is the state of a conversation's work, derived from its outbox
+// rows.
+type TurnState string
+
+const (
+	TurnIdle       TurnState = "idle"
+	TurnPending    TurnState = "pending"
+	TurnProcessing TurnState = "processing"
+	TurnFailed     TurnState = "failed"
+)
+
+// Conversation is one conversation with its metadata.
+type Conversation struct {
+	ID            string     `json:"id"`
+	Title         string     `json:"title"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	LastMessageAt *time.Time `json:"last_message_at"`
+	UnreadCount   int        `json:"unread_count"`
+	TurnState     TurnState  `json:"turn_state"`
+}
+
+// CreateConversation creates a conversation owned by ownerID. Creating an
+// existing conversation of the same owner again is not an error (created is
+// false); an ID taken by another owner is ErrConflict.
+func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
+	if err := ValidateID("conversation", id); err != nil {
+		return Conversation{}, false, err
+	}
+	tag, err := db.Exec(ctx, `INSERT INTO conversations (id, owner_id, title) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING`, id, ownerID, title)
+	if err != nil {
+		return Conversation{}, false, fmt.Errorf("create conversation: %w", err)
+	}
+	c, err = GetConversation(ctx, db, ownerID, id)
+	if errors.Is(err, ErrNotFound) {
+		return Conversation{}, false, fmt.Errorf("%w: conversation id %q is already in use; choose another id", ErrConflict, id)
+	}
+	return c, tag.RowsAffected() == 1, err
+}
+
+const conversationColumns = `
+	c.id, c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
+	CASE
+		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
+		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending') THEN 'pending'
+		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'
+		ELSE 'idle'
+	END`
+
+func scanConversation(row pgx.Row) (Conversation, error) {
+	var c Conversation
+	var state string
+	err := row.Scan(&c.ID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
+	c.TurnState = TurnState(state)
+	return c, err
+}
+
+// GetConversation returns a conversation of ownerID, or ErrNotFound (also
+// when it belongs to someone else).
+func GetConversation(ctx context.Context, db Executor, ownerID int64, id string) (Conversation, error) {
+	c, err := scanConversation(db.QueryRow(ctx, `SELECT `+conversationColumns+` FROM conversations c WHERE c.id = $1 AND c.owner_id = $2`, id, ownerID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Conversation{}, ErrNotFound
+	}
+	return c, err
+}
+
+// ListConversations returns ownerID's conversations, most recently updated
+// first.
+func ListConversations(ctx context.Context, db Executor, ownerID int64, limit int) ([]Conversation, error) {
+	rows, err := db.Query(ctx, `SELECT `+conversationColumns+` FROM conversations c WHERE c.owner_id = $1 ORDER BY c.updated_at DESC, c.id LIMIT $2`, ownerID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Conversation{}
+	for rows.Next() {
+		c, err := scanConversation(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// DeleteConversation deletes a conversation of ownerID with its messages,
+// outbox rows, runs and operations (ON DELETE CASCADE). A turn running at
+// that moment fails its finalize on the foreign key and is cancelled.
+func DeleteConversation(ctx context.Context, db Executor, ownerID int64, id string) error {
+	tag, err := db.Exec(ctx, `DELETE FROM conversations WHERE id = $1 AND owner_id = $2`, id, ownerID)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// MarkRead resets the unread count of a conversation.
+func MarkRead(ctx context.Context, db Executor, ownerID int64, id string) error {
+	tag, err := db.Exec(ctx, `UPDATE conversations SET unread_count = 0 WHERE id = $1 AND owner_id = $2`, id, ownerID)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
