@@ -1,7 +1,189 @@
 package cli
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
-type devCmd struct{}
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 
-func (devCmd) Run() error { return errors.New("baton dev is not built yet") }
+	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/migrations"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
+)
+
+type devCmd struct {
+	Database string `name:"database-url" env:"BATON_DATABASE_URL" help:"PostgreSQL URL; when empty, a local cluster is created under --dir." placeholder:"URL"`
+	NATSURL  string `name:"nats-url" env:"BATON_NATS_URL" help:"NATS URL; when empty, an embedded NATS server with JetStream runs with its store under --dir." placeholder:"URL"`
+	config.Stream
+	config.Replication
+	httpOptions
+	Dir      string `name:"dir" env:"BATON_DEV_DIR" help:"Folder for the local PostgreSQL cluster, the NATS store and the dev token." default:".baton" type:"path"`
+	PGPort   int    `name:"pg-port" env:"BATON_DEV_PG_PORT" help:"Port of the local PostgreSQL cluster." default:"54329"`
+	NATSPort int    `name:"nats-port" env:"BATON_DEV_NATS_PORT" help:"Port of the embedded NATS server." default:"4222"`
+	User     string `name:"user" env:"BATON_DEV_USER" help:"User whose token is printed." default:"dev"`
+}
+
+func (c *devCmd) Run(ctx context.Context, env *Env) error {
+	if err := c.httpOptions.validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	if err := c.Stream.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	if err := c.Replication.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	log := env.Log.With().Str("component", "dev").Logger()
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return err
+	}
+
+	// Bind the HTTP port first: a busy port is the most common start-up
+	// failure, and it should fail before anything else is started.
+	ln, err := listen(c.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+
+	dbURL := c.Database
+	if dbURL == "" {
+		cl, err := c.startPostgres(ctx, log)
+		if err != nil {
+			return err
+		}
+		// Stopped last, after every part that uses it.
+		defer func() {
+			log.Info().Msg("stopping local PostgreSQL")
+			_ = cl.Stop(pgcluster.Fast)
+		}()
+		dbURL = cl.URL("baton")
+	}
+	natsURL := c.NATSURL
+	if natsURL == "" {
+		ns, err := batonnats.StartEmbedded(batonnats.EmbeddedOptions{
+			StoreDir: filepath.Join(c.Dir, "nats"), Port: c.NATSPort,
+		})
+		if err != nil {
+			return fmt.Errorf("%w (or choose another with --nats-port / BATON_DEV_NATS_PORT)", err)
+		}
+		defer ns.Stop()
+		natsURL = ns.ClientURL()
+		log.Info().Str("url", natsURL).Str("store", filepath.Join(c.Dir, "nats")).Msg("embedded NATS with JetStream started")
+	}
+
+	pool, err := openPool(ctx, config.Database{DatabaseURL: dbURL})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := migrations.Up(ctx, pool)
+	if err != nil {
+		return err
+	}
+	log.Info().Int64("version", res.Version).Int("applied", len(res.Applied)).Msg("database migrated")
+
+	token, err := c.devToken(ctx, pool)
+	if err != nil {
+		return err
+	}
+	srv, err := api.New(api.Config{
+		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
+		Registerer: prometheus.DefaultRegisterer, Gatherer: prometheus.DefaultGatherer,
+	})
+	if err != nil {
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveHTTP(gctx, ln, srv) })
+	for _, part := range c.parts(pool, dbURL, natsURL, env) {
+		g.Go(func() error { return part(gctx) })
+	}
+
+	base := "http://" + ln.Addr().String()
+	fmt.Fprintf(env.Stdout, "\nBaton is running.\n  API:    %s\n  token:  %s\n  try:    curl -s -H 'Authorization: Bearer %s' %s/v1/conversations\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
+		base, token, token, base)
+	err = g.Wait()
+	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		log.Info().Msg("shutting down")
+		return nil
+	}
+	return err
+}
+
+// startPostgres creates (first time) and starts the local cluster, and
+// makes sure the baton database exists.
+func (c *devCmd) startPostgres(ctx context.Context, log zerolog.Logger) (*pgcluster.Cluster, error) {
+	cl, err := pgcluster.New(pgcluster.Options{Dir: filepath.Join(c.Dir, "pg"), Port: c.PGPort, Durable: true})
+	if err != nil {
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		// The server runs as the postgres user and must reach its folder.
+		abs, _ := filepath.Abs(c.Dir)
+		_ = os.Chmod(abs, 0o755)
+	}
+	if !cl.Initialized() {
+		log.Info().Str("dir", cl.Dir()).Msg("creating local PostgreSQL cluster")
+		if err := cl.Init(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := cl.Start(ctx); err != nil {
+		if strings.Contains(err.Error(), "busy") {
+			return nil, fmt.Errorf("%w (--pg-port / BATON_DEV_PG_PORT)", err)
+		}
+		return nil, err
+	}
+	log.Info().Int("port", cl.Port()).Str("dir", cl.Dir()).Msg("local PostgreSQL started")
+	conn, err := pgx.Connect(ctx, cl.URL("postgres"))
+	if err != nil {
+		_ = cl.Stop(pgcluster.Fast)
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'baton')`).Scan(&exists); err != nil {
+		_ = cl.Stop(pgcluster.Fast)
+		return nil, err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, `CREATE DATABASE baton`); err != nil {
+			_ = cl.Stop(pgcluster.Fast)
+			return nil, err
+		}
+	}
+	return cl, nil
+}
+
+// devToken reuses the token kept under --dir while it is still valid, so
+// that a restart keeps the same link working; otherwise it creates one.
+func (c *devCmd) devToken(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	path := filepath.Join(c.Dir, "dev-token")
+	if b, err := os.ReadFile(path); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if u, err := schema.Authenticate(ctx, pool, tok); err == nil && u.Name == c.User {
+			return tok, nil
+		}
+	}
+	tok, _, err := schema.CreateToken(ctx, pool, c.User)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return tok, nil
+}

@@ -1,0 +1,42 @@
+# Baton. `make dev` runs it; `make test` tests it. Both install what a fresh
+# Debian machine lacks first (PostgreSQL server binaries).
+
+GO        ?= go
+BIN       := bin/baton
+PKGS      := ./...
+# The race detector needs cgo.
+export CGO_ENABLED := 1
+
+.PHONY: all build test test-short lint fmt vet dev deps bench chaos clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -o $(BIN) ./cmd/baton
+
+# Installs the PostgreSQL server (Debian's postgresql package) when no
+# initdb/postgres binary is on the machine. Nothing else is fetched.
+deps:
+	@./scripts/install-deps.sh
+
+test: deps
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+dev: deps build
+	./$(BIN) dev
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./relay/ ./consumer/
+
+clean:
+	rm -rf bin .baton

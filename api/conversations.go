@@ -1,0 +1,133 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// maxTitleLength is the longest conversation title, in characters.
+const maxTitleLength = 500
+
+type createConversationRequest struct {
+	ID    *string `json:"id"`
+	Title string  `json:"title"`
+}
+
+func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
+	var req createConversationRequest
+	if !decodeJSON(w, r, 16<<10, true, &req) {
+		return
+	}
+	id := uuid.NewString()
+	if req.ID != nil {
+		id = *req.ID
+	}
+	if err := schema.ValidateID("conversation", id); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		return
+	}
+	if n := utf8.RuneCountInString(req.Title); n > maxTitleLength || !utf8.ValidString(req.Title) {
+		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(maxTitleLength)+" characters")
+		return
+	}
+	c, created, err := schema.CreateConversation(r.Context(), s.pool, userFrom(r.Context()).ID, id, req.Title)
+	switch {
+	case errors.Is(err, schema.ErrConflict):
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+		return
+	case err != nil:
+		s.internalError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, c)
+}
+
+func (s *Server) listConversations(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, http.StatusBadRequest, "bad_limit", "limit must be a number from 1 to 1000")
+			return
+		}
+		limit = n
+	}
+	cs, err := schema.ListConversations(r.Context(), s.pool, userFrom(r.Context()).ID, limit)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"conversations": cs})
+}
+
+// conversationID reads and validates {cid}; it writes the error itself.
+func conversationID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	cid := r.PathValue("cid")
+	if err := schema.ValidateID("conversation", cid); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		return "", false
+	}
+	return cid, true
+}
+
+func (s *Server) notFound(w http.ResponseWriter, cid string) {
+	writeError(w, http.StatusNotFound, "not_found", "no conversation "+strconv.Quote(cid)+" for this user")
+}
+
+func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	c, err := schema.GetConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+	case err != nil:
+		s.internalError(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, c)
+	}
+}
+
+func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	err := schema.DeleteConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+	case err != nil:
+		s.internalError(w, r, err)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	err := schema.MarkRead(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+	case err != nil:
+		s.internalError(w, r, err)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}

@@ -1,0 +1,97 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/batonhq/baton/schema"
+)
+
+type postMessageRequest struct {
+	ID      *string `json:"id"`
+	Content *string `json:"content"`
+}
+
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	limit := s.cfg.MaxContentBytes
+	var req postMessageRequest
+	// JSON escaping can make content up to six times longer in the body
+	// (\u00XX); the content's own limit is checked after decoding.
+	if !decodeJSON(w, r, int64(limit)*6+4096, false, &req) {
+		return
+	}
+	switch {
+	case req.ID == nil:
+		writeError(w, http.StatusBadRequest, "bad_id", `"id" is missing: choose a message ID on the client (for example a UUID) and reuse it when you retry`)
+		return
+	case req.Content == nil:
+		writeError(w, http.StatusBadRequest, "bad_content", `"content" is missing`)
+		return
+	case *req.Content == "":
+		writeError(w, http.StatusBadRequest, "bad_content", `"content" is empty`)
+		return
+	case len(*req.Content) > limit:
+		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large",
+			fmt.Sprintf("content is %d bytes; the limit is %d bytes", len(*req.Content), limit))
+		return
+	}
+	if err := schema.ValidateID("message", *req.ID); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		return
+	}
+	user := userFrom(r.Context())
+
+	var res schema.InsertResult
+	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		if _, err := schema.GetConversation(r.Context(), tx, user.ID, cid); err != nil {
+			return err
+		}
+		var err error
+		res, err = schema.InsertMessageTx(r.Context(), tx, schema.UserMessage{
+			ConversationID: cid, MessageID: *req.ID, Content: *req.Content,
+		})
+		return err
+	})
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+		return
+	case errors.Is(err, schema.ErrConflict):
+		s.metrics.messages.WithLabelValues("conflict").Inc()
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+		return
+	case err != nil:
+		s.internalError(w, r, err)
+		return
+	}
+	if res.Existed {
+		s.metrics.messages.WithLabelValues("retry").Inc()
+		writeJSON(w, http.StatusOK, res.Message)
+		return
+	}
+	s.metrics.messages.WithLabelValues("stored").Inc()
+	writeJSON(w, http.StatusAccepted, res.Message)
+}
+
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+	case err != nil:
+		s.internalError(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"messages": msgs})
+	}
+}

@@ -1,0 +1,70 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	messages *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_api_requests_total",
+			Help: "HTTP requests by route and status code.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "baton_api_request_duration_seconds",
+			Help:    "HTTP request duration by route.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route"}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_api_messages_total",
+			Help: "User messages posted, by outcome: stored (new turn), retry (already stored, no new turn), conflict.",
+		}, []string{"outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// Flush lets streaming handlers (server-sent events) flush through the
+// recorder.
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) instrument(route string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h(rec, r)
+		s.metrics.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+		s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	}
+}
