@@ -3,11 +3,9 @@ package migrations_test
 import (
 	"context"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -19,25 +17,9 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // emptyDatabase returns a pool on a database with no migrations applied.
 func emptyDatabase(t *testing.T) *pgxpool.Pool {
-	ctx := context.Background()
-	admin := testenv.AdminURL(t)
-	conn, err := pgx.Connect(ctx, admin)
+	pool, err := pgxpool.New(context.Background(), testenv.EmptyDatabase(t))
 	require.NoError(t, err)
-	defer conn.Close(ctx)
-	name := "empty_" + strings.ToLower(t.Name())
-	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(admin)
-	require.NoError(t, err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		pool.Close()
-		testenv.DropDatabase(admin, name)
-	})
+	t.Cleanup(pool.Close)
 	return pool
 }
 

@@ -201,3 +201,24 @@ func AdminURL(t testing.TB) string {
 	}
 	return adminURL
 }
+
+// EmptyDatabase creates a database with no migrations applied, dropped
+// when t ends, and returns its URL.
+func EmptyDatabase(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := startServer(); err != nil {
+		t.Fatalf("testenv: start PostgreSQL: %v", err)
+	}
+	name := fmt.Sprintf("e_%d_%d", os.Getpid(), dbCounter.Add(1))
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create database %s: %v", name, err)
+	}
+	t.Cleanup(func() { DropDatabase(adminURL, name) })
+	return urlFor(adminURL, name)
+}
