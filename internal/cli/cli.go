@@ -59,6 +59,7 @@ type root struct {
 	API     apiCmd     `cmd:"" name:"api" help:"Serve the HTTP API."`
 	Relay   relayCmd   `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
 	Worker  workerCmd  `cmd:"" help:"Run agent turns from the outbox stream."`
+	Status  statusCmd  `cmd:"" help:"Show the slot, the stream, consumer groups, outbox rows and leases; exit 3 when something needs attention."`
 	Dev     devCmd     `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }

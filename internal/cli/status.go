@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/status"
+)
+
+// ExitNeedsAttention is the exit code of `baton status` when something
+// needs an operator's attention.
+const ExitNeedsAttention = 3
+
+type statusCmd struct {
+	config.Database
+	config.NATS
+	config.Stream
+	config.Replication
+	JSON          bool          `name:"json" help:"Print the report as JSON."`
+	MaxLag        int64         `name:"max-lag-bytes" env:"BATON_STATUS_MAX_LAG_BYTES" help:"Slot lag (bytes) above which the relay needs attention." default:"67108864"`
+	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"60s"`
+}
+
+func (c *statusCmd) Run(ctx context.Context, env *Env) error {
+	if err := c.Replication.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	pool, err := openPool(ctx, c.Database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	var js jetstream.JetStream
+	if nc, err := natsclient.Connect(c.NATSURL, natsclient.Timeout(3*time.Second), natsclient.Name("baton status")); err == nil {
+		defer nc.Close()
+		js, _ = jetstream.New(nc)
+	} else {
+		env.Log.Warn().Err(err).Str("nats_url", c.NATSURL).Msg("NATS is not reachable")
+	}
+	gctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	rep, err := status.Gather(gctx, pool, js, status.Options{
+		Slot: c.Slot, Stream: c.Stream.Stream, MaxLagBytes: c.MaxLag, MaxPendingAge: c.MaxPendingAge,
+	})
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := rep.WriteText(env.Stdout); err != nil {
+		return err
+	}
+	if len(rep.Attention) > 0 {
+		return &ExitError{Code: ExitNeedsAttention, Err: errors.New("needs attention")}
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package status
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteText writes the report as tables a person can read at a glance,
+// with what needs attention first.
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
+
+	if len(r.Attention) == 0 {
+		p("STATUS\tok\n\n")
+	} else {
+		p("STATUS\tneeds attention\n")
+		for _, a := range r.Attention {
+			p("  !\t%s\n", a)
+		}
+		p("\n")
+	}
+
+	s := r.Slot
+	p("SLOT\tACTIVE\tCLIENT\tCONFIRMED LSN\tLAG\tRETAINED WAL\tWAL STATUS\n")
+	if s == nil || !s.Exists {
+		p("%s\tmissing\t-\t-\t-\t-\t-\n", s.Name)
+	} else {
+		client := s.Client
+		if client == "" {
+			client = "-"
+		}
+		p("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, yesNo(s.Active), client, s.ConfirmedFlushLSN,
+			Bytes(s.LagBytes), Bytes(s.RetainedWALBytes), s.WALStatus)
+	}
+	p("\n")
+
+	p("STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tFIRST\tLAST SEQ\tLAST\tREPLICAS\n")
+	if st := r.Stream; st != nil {
+		replicas := fmt.Sprint(st.Replicas)
+		if len(st.Peers) > 0 {
+			var parts []string
+			for _, pe := range st.Peers {
+				state := "current"
+				switch {
+				case pe.Offline:
+					state = "offline"
+				case !pe.Current:
+					state = fmt.Sprintf("lag %d", pe.Lag)
+				}
+				if pe.Name == st.Leader {
+					state = "leader"
+				}
+				parts = append(parts, pe.Name+" "+state)
+			}
+			replicas += " (" + strings.Join(parts, ", ") + ")"
+		}
+		p("%s\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", st.Name, st.Messages, Bytes(int64(st.Bytes)),
+			st.FirstSeq, ago(st.FirstTime), st.LastSeq, ago(st.LastTime), replicas)
+	} else {
+		p("-\tunavailable\n")
+	}
+	p("\n")
+
+	p("GROUP\tPENDING\tACK PENDING\tREDELIVERED\tWAITING PULLS\tLAST ACTIVITY\n")
+	if len(r.Groups) == 0 {
+		p("(none)\n")
+	}
+	for _, g := range r.Groups {
+		last := "-"
+		if g.LastActivity != nil {
+			last = ago(*g.LastActivity)
+		}
+		p("%s\t%d\t%d\t%d\t%d\t%s\n", g.Name, g.Pending, g.AckPending, g.Redelivered, g.Waiting, last)
+	}
+	p("\n")
+
+	o := r.Outbox
+	oldest := "-"
+	if o.OldestPendingAge != nil {
+		oldest = time.Duration(*o.OldestPendingAge).Round(time.Millisecond).String()
+	}
+	p("OUTBOX\tPENDING\tPROCESSING\tDONE\tERROR\tOLDEST PENDING\n")
+	p("rows\t%d\t%d\t%d\t%d\t%s\n\n", o.ByStatus["pending"], o.ByStatus["processing"], o.ByStatus["done"], o.ByStatus["error"], oldest)
+
+	p("LEASES\tHELD\tEXPIRED\n")
+	p("runs\t%d\t%d\n", r.Leases.Held, r.Leases.Expired)
+	if len(r.Leases.Runs) > 0 {
+		p("\nCONVERSATION\tRUN\tWORKER\tLEASE\n")
+		for _, l := range r.Leases.Runs {
+			p("%s\t%s\t%s\t%s\n", l.ConversationID, l.RunID, l.Worker, until(l.ExpiresAt))
+		}
+	}
+	return tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+func until(t time.Time) string {
+	d := time.Until(t).Round(time.Second)
+	if d < 0 {
+		return "expired " + (-d).String() + " ago"
+	}
+	return "expires in " + d.String()
+}
