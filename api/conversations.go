@@ -7,7 +7,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -112,6 +115,7 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		s.internalError(w, r, err)
 	default:
+		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventDeleted, ConversationID: cid}, "")
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -130,4 +134,36 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
+}
+
+// retryFailed gives a conversation's failed turn another round of
+// attempts. The server resets its own queue state; the client only asks.
+func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	var ids []int64
+	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = schema.RetryFailedTx(r.Context(), tx, userFrom(r.Context()).ID, cid)
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		// A user's retry is announced like a sweep: its label is the time,
+		// so a second retry within the duplicate window is not swallowed.
+		return relay.AnnounceTx(r.Context(), tx, batonnats.ReasonSweep, ids)
+	})
+	switch {
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+		return
+	case err != nil:
+		s.internalError(w, r, err)
+		return
+	}
+	if len(ids) > 0 {
+		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: cid, OutboxIDs: ids}, "")
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"retried": len(ids)})
 }

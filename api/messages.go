@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -77,6 +78,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.messages.WithLabelValues("stored").Inc()
+	s.publishEvent(r.Context(), batonnats.ConversationEvent{
+		Type: batonnats.EventMessage, ConversationID: cid, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
+	}, "message-"+res.Message.ID)
 	writeJSON(w, http.StatusAccepted, res.Message)
 }
 

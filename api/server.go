@@ -9,12 +9,17 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
 )
 
 // DefaultMaxContentBytes is the default limit on a message's content.
@@ -31,6 +36,16 @@ type Config struct {
 	Log zerolog.Logger
 	// Registerer receives the API's metrics. Defaults to a private registry.
 	Registerer prometheus.Registerer
+	// JetStream, when set, serves live conversation events
+	// (GET /v1/conversations/{cid}/events) from the events stream, and
+	// the API publishes the changes it commits there. Without it the
+	// events endpoint answers 503.
+	JetStream jetstream.JetStream
+	// NATS, when set, carries partial reply text to live clients.
+	NATS *natsclient.Conn
+	// Events is the conversation events stream. Defaults to BATON_EVENTS
+	// under baton.events.
+	Events batonnats.EventsConfig
 	// Gatherer serves GET /metrics. Defaults to prometheus.DefaultGatherer
 	// when Registerer is the default registerer, else to the private
 	// registry.
@@ -39,6 +54,7 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set.
 func (c Config) WithDefaults() Config {
+	c.Events = c.Events.WithDefaults()
 	if c.MaxContentBytes == 0 {
 		c.MaxContentBytes = DefaultMaxContentBytes
 	}
@@ -72,6 +88,11 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *metrics
 	mux     *http.ServeMux
+
+	eventsCfg batonnats.EventsConfig
+	events    *batonnats.EventPublisher
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds a server.
@@ -84,12 +105,17 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pool: cfg.Pool, log: cfg.Log, metrics: m, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, pool: cfg.Pool, log: cfg.Log, metrics: m, mux: http.NewServeMux(),
+		eventsCfg: cfg.Events, closing: make(chan struct{})}
+	if cfg.JetStream != nil {
+		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events)
+	}
 	s.routes()
 	return s, nil
 }
 
 func (s *Server) routes() {
+	s.handle("GET /{$}", s.index)
 	s.handle("GET /healthz", s.healthz)
 	s.handle("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
@@ -101,6 +127,8 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations/{cid}/messages", s.auth(s.postMessage))
 	s.handle("GET /v1/conversations/{cid}/messages", s.auth(s.listMessages))
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
+	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
+	s.handle("GET /v1/conversations/{cid}/events", s.auth(s.conversationEvents))
 	// Anything else under /v1 is a JSON 404, not the mux's plain text.
 	s.handle("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path)
@@ -115,6 +143,11 @@ func (s *Server) Mux() *http.ServeMux { return s.mux }
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	s.mux.Handle(pattern, s.instrument(pattern, h))
 }
+
+// Close ends the open event streams, so that a graceful shutdown does not
+// wait for clients that never hang up. Register it with
+// http.Server.RegisterOnShutdown.
+func (s *Server) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

@@ -1,0 +1,213 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
+)
+
+// sseHeartbeat keeps idle event streams alive through proxies and lets a
+// client notice a dead connection.
+const sseHeartbeat = 15 * time.Second
+
+// publishEvent announces a committed change to live clients. A lost publish
+// leaves a client stale until its next event or reconnect, never wrong, so
+// it is logged and the request still succeeds: its transaction committed.
+func (s *Server) publishEvent(ctx context.Context, ev batonnats.ConversationEvent, msgID string) {
+	if s.events == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := s.events.Publish(ctx, ev, msgID); err != nil {
+		s.log.Warn().Err(err).Str("conversation_id", ev.ConversationID).Str("event", string(ev.Type)).Msg("could not publish conversation event")
+	}
+}
+
+// conversationEvents streams a conversation's committed state changes as
+// server-sent events. Each event's id is its sequence in the events
+// stream; a client that reconnects with Last-Event-ID resumes right after
+// it, or, when that point is older than the stream's retention, gets a
+// "reset" event telling it to reload the state first. Without
+// Last-Event-ID the stream starts with a "ready" event, after which the
+// client loads the state: nothing committed after "ready" is missed.
+// Partial reply text arrives as "delta" events without ids: it is
+// ephemeral, and the durable reply is the "replied" event's message.
+func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	if _, err := schema.GetConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid); err != nil {
+		if errors.Is(err, schema.ErrNotFound) {
+			s.notFound(w, cid)
+		} else {
+			s.internalError(w, r, err)
+		}
+		return
+	}
+	if s.cfg.JetStream == nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events need NATS: start the API with --nats-url / BATON_NATS_URL")
+		return
+	}
+	rc := http.NewResponseController(w)
+	ctx := r.Context()
+
+	stream, err := s.cfg.JetStream.Stream(ctx, s.eventsCfg.Name)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "the events stream is not available: "+err.Error())
+		return
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "the events stream is not available: "+err.Error())
+		return
+	}
+	lastID := r.Header.Get("Last-Event-ID")
+	if lastID == "" {
+		lastID = r.URL.Query().Get("last_event_id")
+	}
+	start := info.State.LastSeq + 1
+	first := "ready"
+	if lastID != "" {
+		n, err := strconv.ParseUint(lastID, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "bad_last_event_id", "Last-Event-ID must be the id of an event this endpoint sent")
+			return
+		}
+		switch {
+		case n > info.State.LastSeq:
+			// From another stream (reset or recreated): reload.
+			first = "reset"
+		case n+1 < info.State.FirstSeq:
+			// What came after n is gone from retention: reload.
+			first = "reset"
+		default:
+			start = n + 1
+			first = ""
+		}
+	}
+	cons, err := s.cfg.JetStream.OrderedConsumer(ctx, s.eventsCfg.Name, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{s.eventsCfg.Subject(cid)},
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       start,
+		InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "could not follow the events stream: "+err.Error())
+		return
+	}
+	iter, err := cons.Messages()
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "could not follow the events stream: "+err.Error())
+		return
+	}
+	defer iter.Stop()
+	events := make(chan jetstream.Msg, 16)
+	go func() {
+		defer close(events)
+		for {
+			m, err := iter.Next()
+			if err != nil {
+				return
+			}
+			select {
+			case events <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	var deltas chan *natsclient.Msg
+	if s.cfg.NATS != nil {
+		deltas = make(chan *natsclient.Msg, 256)
+		sub, err := s.cfg.NATS.ChanSubscribe(liveSubjectWildcard(cid), deltas)
+		if err == nil {
+			defer sub.Unsubscribe()
+		}
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if first != "" {
+		id := strconv.FormatUint(info.State.LastSeq, 10)
+		if err := writeSSE(w, id, first, fmt.Sprintf(`{"last_event_id":%s}`, id)); err != nil {
+			return
+		}
+	} else {
+		// Confirm the connection at once so that the client knows it is
+		// live even when nothing happens for a while.
+		fmt.Fprint(w, ": resumed\n\n")
+	}
+	_ = rc.Flush()
+
+	tick := time.NewTicker(sseHeartbeat)
+	defer tick.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.closing:
+			return
+		case m, ok := <-events:
+			if !ok {
+				return
+			}
+			meta, merr := m.Metadata()
+			if merr != nil {
+				continue
+			}
+			var ev batonnats.ConversationEvent
+			if json.Unmarshal(m.Data(), &ev) != nil {
+				continue
+			}
+			err = writeSSE(w, strconv.FormatUint(meta.Sequence.Stream, 10), "", string(m.Data()))
+		case m := <-deltas:
+			err = writeSSE(w, "", "delta", string(m.Data))
+		case <-tick.C:
+			_, err = fmt.Fprint(w, ": keep-alive\n\n")
+		}
+		if err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+// writeSSE writes one event. data must not contain newlines (JSON here).
+func writeSSE(w http.ResponseWriter, id, event, data string) error {
+	var b strings.Builder
+	if id != "" {
+		b.WriteString("id: " + id + "\n")
+	}
+	if event != "" {
+		b.WriteString("event: " + event + "\n")
+	}
+	b.WriteString("data: " + strings.ReplaceAll(data, "\n", "") + "\n\n")
+	_, err := fmt.Fprint(w, b.String())
+	return err
+}
+
+// liveSubjectWildcard matches the ephemeral partial-text subjects of every
+// run of a conversation: baton.live.<token>.<run id>.
+func liveSubjectWildcard(conversationID string) string {
+	return "baton.live." + batonnats.EncodeToken(conversationID) + ".*"
+}

@@ -1,0 +1,151 @@
+package api_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
+)
+
+type sseEvent struct {
+	ID    string
+	Event string
+	Data  string
+}
+
+// sseStream reads server-sent events from a live response.
+type sseStream struct {
+	resp   *http.Response
+	events chan sseEvent
+}
+
+func openSSE(t *testing.T, url, token, lastID string) *sseStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	s := &sseStream{resp: resp, events: make(chan sseEvent, 64)}
+	go func() {
+		defer close(s.events)
+		sc := bufio.NewScanner(resp.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if ev.Data != "" {
+					s.events <- ev
+				}
+				ev = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				ev.ID = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "event: "):
+				ev.Event = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				ev.Data = strings.TrimPrefix(line, "data: ")
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); resp.Body.Close() })
+	return s
+}
+
+func (s *sseStream) next(t *testing.T) sseEvent {
+	t.Helper()
+	select {
+	case ev, ok := <-s.events:
+		require.True(t, ok, "event stream ended")
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event within 10s")
+	}
+	return sseEvent{}
+}
+
+func TestEventsStreamCommittedChangesAndResumeFromLastEventID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	require.NoError(t, err)
+	tok, _, err := schema.CreateToken(ctx, db.Pool, "alice")
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+	b := &bundle{pool: db.Pool, srv: hs, alice: tok, client: hs.Client()}
+	b.createConversation(t, tok, "c.1 *>")
+	eventsURL := hs.URL + convPath("c.1 *>", "/events")
+
+	s := openSSE(t, eventsURL, tok, "")
+	ready := s.next(t)
+	require.Equal(t, "ready", ready.Event)
+
+	require.Equal(t, http.StatusAccepted, b.do(t, tok, "POST", convPath("c.1 *>", "/messages"), map[string]any{"id": "m1", "content": "hi"}).Status)
+	ev := s.next(t)
+	require.NotEmpty(t, ev.ID, "state events carry ids")
+	var got batonnats.ConversationEvent
+	require.NoError(t, json.Unmarshal([]byte(ev.Data), &got))
+	require.Equal(t, batonnats.EventMessage, got.Type)
+	require.Equal(t, "m1", got.MessageID)
+
+	// A retry of the same message commits nothing and announces nothing;
+	// the next event is the second message.
+	require.Equal(t, http.StatusOK, b.do(t, tok, "POST", convPath("c.1 *>", "/messages"), map[string]any{"id": "m1", "content": "hi"}).Status)
+	require.Equal(t, http.StatusAccepted, b.do(t, tok, "POST", convPath("c.1 *>", "/messages"), map[string]any{"id": "m2", "content": "again"}).Status)
+	ev2 := s.next(t)
+	require.NoError(t, json.Unmarshal([]byte(ev2.Data), &got))
+	require.Equal(t, "m2", got.MessageID)
+
+	// Reconnecting with the first event's id resumes right after it.
+	r := openSSE(t, eventsURL, tok, ev.ID)
+	resumed := r.next(t)
+	require.Equal(t, ev2.ID, resumed.ID)
+
+	// Deleting the conversation is announced too.
+	require.Equal(t, http.StatusNoContent, b.do(t, tok, "DELETE", convPath("c.1 *>"), nil).Status)
+	del := s.next(t)
+	require.NoError(t, json.Unmarshal([]byte(del.Data), &got))
+	require.Equal(t, batonnats.EventDeleted, got.Type)
+}
+
+func TestEventsWithoutNATSSayHowToEnableThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createConversation(t, b.alice, "c1")
+	r := b.do(t, b.alice, "GET", convPath("c1", "/events"), nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status)
+	require.Contains(t, r.Raw, "--nats-url")
+	require.Equal(t, http.StatusNotFound, b.do(t, b.bob, "GET", convPath("c1", "/events"), nil).Status)
+}
+
+func TestWebPageIsServed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.do(t, "", "GET", "/", nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	require.Contains(t, r.Raw, "<title>Baton</title>")
+}

@@ -1,0 +1,146 @@
+package nats
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults of the conversation events stream.
+const (
+	DefaultEventsStream  = "BATON_EVENTS"
+	DefaultEventsPrefix  = "baton.events"
+	DefaultEventsMaxAge  = 24 * time.Hour
+	eventsMaxPerSubject  = 10000
+	eventsDuplicateLimit = 2 * time.Minute
+)
+
+// EventType names a committed change of a conversation, as clients see it.
+type EventType string
+
+const (
+	// EventMessage: a user message was stored; its turn is pending.
+	EventMessage EventType = "message"
+	// EventProcessing: a run claimed the conversation's pending messages.
+	EventProcessing EventType = "processing"
+	// EventPending: an attempt failed or was recovered; its messages wait
+	// for another attempt.
+	EventPending EventType = "pending"
+	// EventReplied: a reply was committed.
+	EventReplied EventType = "replied"
+	// EventFailed: a turn gave up; a visible error message was committed.
+	EventFailed EventType = "failed"
+	// EventCancelled: the conversation was deleted during a turn.
+	EventCancelled EventType = "cancelled"
+	// EventDeleted: the conversation was deleted.
+	EventDeleted EventType = "deleted"
+)
+
+// ConversationEvent is a committed state change of one conversation. It is
+// published only after the transaction that made the change committed: a
+// client is never told about something that did not happen. A publish that
+// is lost (a crash right after the commit) leaves a client stale, never
+// wrong; clients reload the state on reconnect.
+type ConversationEvent struct {
+	Type           EventType `json:"type"`
+	ConversationID string    `json:"conversation_id"`
+	RunID          string    `json:"run_id,omitempty"`
+	TurnID         string    `json:"turn_id,omitempty"`
+	MessageID      string    `json:"message_id,omitempty"`
+	OutboxIDs      []int64   `json:"outbox_ids,omitempty"`
+	At             time.Time `json:"at"`
+}
+
+// EventsConfig is the conversation events stream.
+type EventsConfig struct {
+	// Name of the stream. Defaults to BATON_EVENTS.
+	Name string
+	// SubjectPrefix; events of a conversation go to "<prefix>.<token>".
+	// Defaults to baton.events.
+	SubjectPrefix string
+	// Replicas of the stream. Defaults to 1.
+	Replicas int
+	// MaxAge bounds how long a reconnecting client can resume. Defaults to
+	// 24 hours.
+	MaxAge time.Duration
+}
+
+// WithDefaults fills zero fields.
+func (c EventsConfig) WithDefaults() EventsConfig {
+	if c.Name == "" {
+		c.Name = DefaultEventsStream
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = DefaultEventsPrefix
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = DefaultEventsMaxAge
+	}
+	return c
+}
+
+// Subject returns the events subject of a conversation.
+func (c EventsConfig) Subject(conversationID string) string {
+	return c.SubjectPrefix + "." + EncodeToken(conversationID)
+}
+
+// EnsureEventsStream creates or updates the events stream.
+func EnsureEventsStream(ctx context.Context, js jetstream.JetStream, c EventsConfig) (jetstream.Stream, error) {
+	c = c.WithDefaults()
+	if err := ValidatePrefix(c.SubjectPrefix); err != nil {
+		return nil, err
+	}
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              c.Name,
+		Description:       "Baton conversation events for live clients",
+		Subjects:          []string{c.SubjectPrefix + ".>"},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Replicas:          c.Replicas,
+		MaxAge:            c.MaxAge,
+		MaxMsgsPerSubject: eventsMaxPerSubject,
+		Duplicates:        eventsDuplicateLimit,
+		Discard:           jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provision events stream %s: %w", c.Name, err)
+	}
+	return s, nil
+}
+
+// EventPublisher publishes conversation events after commits.
+type EventPublisher struct {
+	js  jetstream.JetStream
+	cfg EventsConfig
+}
+
+// NewEventPublisher returns a publisher on js.
+func NewEventPublisher(js jetstream.JetStream, cfg EventsConfig) *EventPublisher {
+	return &EventPublisher{js: js, cfg: cfg.WithDefaults()}
+}
+
+// Publish sends ev. msgID, when not empty, deduplicates a republication of
+// the same change.
+func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgID string) error {
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC()
+	}
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	m := natsclient.NewMsg(p.cfg.Subject(ev.ConversationID))
+	m.Data = body
+	if msgID != "" {
+		m.Header.Set(HeaderMsgID, msgID)
+	}
+	_, err = p.js.PublishMsg(ctx, m)
+	return err
+}
