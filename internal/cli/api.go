@@ -13,6 +13,7 @@ import (
 
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/internal/config"
+	batonnats "github.com/batonhq/baton/nats"
 )
 
 // httpOptions are the API server's own settings.
@@ -33,6 +34,7 @@ func (o httpOptions) validate() error {
 
 type apiCmd struct {
 	config.Database
+	config.NATS
 	httpOptions
 }
 
@@ -46,7 +48,14 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer pool.Close()
+	nc, js, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{}, log)
+	if err != nil {
+		return &UsageError{Err: err}
+	}
+	defer nc.Close()
 	srv, err := api.New(api.Config{
+		JetStream:       js,
+		NATS:            nc,
 		Pool:            pool,
 		MaxContentBytes: c.MaxContentBytes,
 		Log:             log,
@@ -64,6 +73,13 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	return serveHTTP(ctx, ln, srv)
 }
 
+// apiServer is what serveHTTP needs of the API: a handler whose live
+// streams can be closed at shutdown.
+type apiServer interface {
+	http.Handler
+	Close()
+}
+
 // listen binds addr, turning "address in use" into an error that says
 // which flag chooses another one.
 func listen(addr string) (net.Listener, error) {
@@ -76,8 +92,10 @@ func listen(addr string) (net.Listener, error) {
 
 // serveHTTP serves h on ln until ctx is cancelled, then gives in-flight
 // requests ten seconds to finish.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler) error {
+func serveHTTP(ctx context.Context, ln net.Listener, h apiServer) error {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Event streams never end on their own: close them when shutting down.
+	hs.RegisterOnShutdown(h.Close)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
