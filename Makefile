@@ -7,19 +7,23 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-short lint fmt vet dev deps bench chaos clean
+.PHONY: all build test test-deps lint fmt vet dev deps bench clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -o $(BIN) ./cmd/baton
 
-# Installs the PostgreSQL server (Debian's postgresql package) when no
-# initdb/postgres binary is on the machine. Nothing else is fetched.
+# Install what the machine lacks, from Debian's packages: the PostgreSQL
+# server binaries (for `baton dev` and the tests) and Chromium (for the web
+# page tests). Nothing else is fetched.
 deps:
-	@./scripts/install-deps.sh
+	@./scripts/install-deps.sh postgres
 
-test: deps
+test-deps:
+	@./scripts/install-deps.sh postgres chromium
+
+test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# Installs what Baton's tests and `baton dev` need from the machine when it
-# is missing: the PostgreSQL server binaries (Debian's postgresql package).
-# NATS runs embedded, so it needs nothing here.
+# Installs what Baton needs from the machine when it is missing, from
+# Debian's packages:
+#   postgres  the PostgreSQL server binaries (package postgresql), for the
+#             local cluster of `baton dev` and the tests' throwaway clusters
+#   chromium  a headless browser (package chromium), for the web page tests
+# NATS runs embedded and needs nothing here.
 set -euo pipefail
 
 have_postgres() {
   command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1
 }
+have_chromium() {
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
+}
 
-if ! have_postgres; then
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "PostgreSQL server binaries (initdb, postgres) not found; install PostgreSQL 14 or later, or set BATON_DATABASE_URL / BATON_TEST_DATABASE_URL" >&2
-    exit 1
-  fi
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "installing Debian's postgresql package (server binaries for the local and test clusters)..."
-  $SUDO apt-get update -qq
-  # The package's own cluster is not used; don't start it.
-  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+missing=()
+for want in "${@:-postgres}"; do
+  case "$want" in
+    postgres) have_postgres || missing+=(postgresql) ;;
+    chromium) have_chromium || missing+=(chromium) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium)" >&2; exit 2 ;;
+  esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "missing: ${missing[*]}. Install them with your package manager (PostgreSQL 14 or later), or set BATON_DATABASE_URL / BATON_TEST_DATABASE_URL" >&2
+  exit 1
 fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "installing Debian packages: ${missing[*]}"
+$SUDO apt-get update -qq
+# RUNLEVEL=1 keeps the postgresql package from starting its own cluster:
+# Baton runs its own, with logical replication on.
+DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
