@@ -133,7 +133,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	var deltas chan *natsclient.Msg
 	if s.cfg.NATS != nil {
 		deltas = make(chan *natsclient.Msg, 256)
-		sub, err := s.cfg.NATS.ChanSubscribe(liveSubjectWildcard(cid), deltas)
+		sub, err := s.cfg.NATS.ChanSubscribe(batonnats.LiveConversationSubject(cid), deltas)
 		if err == nil {
 			defer sub.Unsubscribe()
 		}
@@ -204,10 +204,4 @@ func writeSSE(w http.ResponseWriter, id, event, data string) error {
 	b.WriteString("data: " + strings.ReplaceAll(data, "\n", "") + "\n\n")
 	_, err := fmt.Fprint(w, b.String())
 	return err
-}
-
-// liveSubjectWildcard matches the ephemeral partial-text subjects of every
-// run of a conversation: baton.live.<token>.<run id>.
-func liveSubjectWildcard(conversationID string) string {
-	return "baton.live." + batonnats.EncodeToken(conversationID) + ".*"
 }

@@ -48,11 +48,16 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer pool.Close()
-	nc, js, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{}, log)
+	ln, err := listen(c.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	nc, js, closeNATS, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{}, log)
 	if err != nil {
 		return &UsageError{Err: err}
 	}
-	defer nc.Close()
+	defer closeNATS()
 	srv, err := api.New(api.Config{
 		JetStream:       js,
 		NATS:            nc,
@@ -62,10 +67,6 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		Registerer:      prometheus.DefaultRegisterer,
 		Gatherer:        prometheus.DefaultGatherer,
 	})
-	if err != nil {
-		return err
-	}
-	ln, err := listen(c.HTTPAddr)
 	if err != nil {
 		return err
 	}

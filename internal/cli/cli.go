@@ -54,14 +54,15 @@ type Env struct {
 type root struct {
 	logging.Options
 
-	Migrate migrateCmd `cmd:"" help:"Apply database migrations (or show their status)."`
-	Token   tokenCmd   `cmd:"" help:"Manage API tokens."`
-	API     apiCmd     `cmd:"" name:"api" help:"Serve the HTTP API."`
-	Relay   relayCmd   `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
-	Worker  workerCmd  `cmd:"" help:"Run agent turns from the outbox stream."`
-	Status  statusCmd  `cmd:"" help:"Show the slot, the stream, consumer groups, outbox rows and leases; exit 3 when something needs attention."`
-	Dev     devCmd     `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
-	Version versionCmd `cmd:"" help:"Print the version."`
+	Migrate    migrateCmd    `cmd:"" help:"Apply database migrations (or show their status)."`
+	Token      tokenCmd      `cmd:"" help:"Manage API tokens."`
+	API        apiCmd        `cmd:"" name:"api" help:"Serve the HTTP API."`
+	Relay      relayCmd      `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
+	Worker     workerCmd     `cmd:"" help:"Run agent turns from the outbox stream."`
+	Status     statusCmd     `cmd:"" help:"Show the slot, the stream, consumer groups, outbox rows and leases; exit 3 when something needs attention."`
+	Dev        devCmd        `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
+	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
+	Version    versionCmd    `cmd:"" help:"Print the version."`
 }
 
 type exitSentinel struct{ code int }

@@ -10,15 +10,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/internal/stack"
 	"github.com/batonhq/baton/migrations"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -98,9 +103,26 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	// One connection for the relay, the worker and the API's live events.
+	// It never buffers publications while reconnecting: the relay must see
+	// a failure at once, not after a buffer fills.
+	nc, err := natsclient.Connect(natsURL, natsclient.Name("baton dev"), natsclient.MaxReconnects(-1),
+		natsclient.RetryOnFailedConnect(true), natsclient.ReconnectBufSize(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{Replicas: c.Replicas}); err != nil {
+		return err
+	}
 	srv, err := api.New(api.Config{
 		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
 		Registerer: prometheus.DefaultRegisterer, Gatherer: prometheus.DefaultGatherer,
+		JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
 	})
 	if err != nil {
 		return err
@@ -108,13 +130,21 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveHTTP(gctx, ln, srv) })
-	for _, part := range c.parts(pool, dbURL, natsURL, env) {
-		g.Go(func() error { return part(gctx) })
-	}
+	g.Go(func() error {
+		return stack.Run(gctx, stack.Config{
+			Pool: pool, NATS: nc, Log: env.Log,
+			Events: batonnats.EventsConfig{Replicas: c.Replicas},
+			Relay: relay.Config{
+				Stream: c.Stream.StreamConfig(), Slot: c.Slot, Publication: c.Publication,
+				Registerer: prometheus.DefaultRegisterer,
+			},
+			Worker: consumer.Config{Registerer: prometheus.DefaultRegisterer},
+		})
+	})
 
 	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(env.Stdout, "\nBaton is running.\n  API:    %s\n  token:  %s\n  try:    curl -s -H 'Authorization: Bearer %s' %s/v1/conversations\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
-		base, token, token, base)
+	fmt.Fprintf(env.Stdout, "\nBaton is running (echo agent).\n  open:   %s/#token=%s\n  API:    %s\n  token:  %s   (also in %s)\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
+		base, token, base, token, filepath.Join(c.Dir, "dev-token"))
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		log.Info().Msg("shutting down")

@@ -15,9 +15,10 @@ import (
 // down must not stop a service whose main job is elsewhere (the API keeps
 // accepting messages: they are safe in PostgreSQL), so the connection is
 // retried in the background and the events stream is provisioned once it
-// is reachable.
-func connectLiveNATS(ctx context.Context, url, name string, events batonnats.EventsConfig, log zerolog.Logger) (*natsclient.Conn, jetstream.JetStream, error) {
-	nc, err := natsclient.Connect(url,
+// is reachable. stop ends that and closes the connection; call it before
+// returning.
+func connectLiveNATS(ctx context.Context, url, name string, events batonnats.EventsConfig, log zerolog.Logger) (nc *natsclient.Conn, js jetstream.JetStream, stop func(), err error) {
+	nc, err = natsclient.Connect(url,
 		natsclient.Name(name),
 		natsclient.RetryOnFailedConnect(true),
 		natsclient.MaxReconnects(-1),
@@ -32,14 +33,17 @@ func connectLiveNATS(ctx context.Context, url, name string, events batonnats.Eve
 		}),
 	)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err = jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for backoff := 200 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := batonnats.EnsureEventsStream(pctx, js, events)
@@ -55,5 +59,5 @@ func connectLiveNATS(ctx context.Context, url, name string, events batonnats.Eve
 			}
 		}
 	}()
-	return nc, js, nil
+	return nc, js, func() { cancel(); <-done; nc.Close() }, nil
 }

@@ -1,7 +1,117 @@
 package cli
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
 
-type relayCmd struct{}
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-func (relayCmd) Run() error { return errors.New("baton relay is not built yet") }
+	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/relay"
+)
+
+type relayCmd struct {
+	config.Database    `embed:""`
+	config.NATS        `embed:""`
+	config.Stream      `embed:""`
+	config.Replication `embed:""`
+
+	MaxInFlight    int           `name:"max-in-flight" env:"BATON_RELAY_MAX_IN_FLIGHT" default:"1024" help:"Events published and not yet acknowledged by JetStream, at most."`
+	StatusInterval time.Duration `name:"status-interval" env:"BATON_RELAY_STATUS_INTERVAL" default:"10s" help:"How often the confirmed position is reported to PostgreSQL; keep it below wal_sender_timeout."`
+	Heartbeat      time.Duration `name:"heartbeat" env:"BATON_RELAY_HEARTBEAT" default:"10s" help:"How often a heartbeat is written to the WAL, so an idle outbox does not pin WAL."`
+	SweepInterval  time.Duration `name:"sweep-interval" env:"BATON_RELAY_SWEEP_INTERVAL" default:"30s" help:"How often pending rows nobody claimed are announced again."`
+	SweepAge       time.Duration `name:"sweep-age" env:"BATON_RELAY_SWEEP_AGE" default:"60s" help:"How long a row stays pending after its insert or last announcement before the sweeper announces it again."`
+	AckTimeout     time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" default:"10s" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot."`
+	MetricsAddr    string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
+}
+
+func (c *relayCmd) Run(ctx context.Context, env *Env) error {
+	log := env.Log.With().Str("component", "relay").Logger()
+	for _, v := range []interface{ Validate() error }{c.NATS, c.Stream, c.Replication} {
+		if err := v.Validate(); err != nil {
+			return &UsageError{Err: err}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := relay.Config{
+		Stream:            c.StreamConfig(),
+		Slot:              c.Slot,
+		Publication:       c.Publication,
+		MaxInFlight:       c.MaxInFlight,
+		StatusInterval:    c.StatusInterval,
+		HeartbeatInterval: c.Heartbeat,
+		SweepInterval:     c.SweepInterval,
+		SweepAge:          c.SweepAge,
+		AckTimeout:        c.AckTimeout,
+		Registerer:        reg,
+	}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+
+	pool, err := openPool(ctx, c.Database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	// Publications are not buffered while the connection is down: they
+	// fail at once, and the relay restarts from the slot when NATS is back.
+	nc, err := natsclient.Connect(c.NATSURL,
+		natsclient.Name("baton-relay"),
+		natsclient.MaxReconnects(-1),
+		natsclient.RetryOnFailedConnect(true),
+		natsclient.ReconnectWait(500*time.Millisecond),
+		natsclient.ReconnectBufSize(-1),
+		natsclient.DisconnectErrHandler(func(_ *natsclient.Conn, err error) {
+			log.Warn().Err(err).Msg("NATS disconnected")
+		}),
+		natsclient.ReconnectHandler(func(nc *natsclient.Conn) {
+			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("NATS reconnected")
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s (--nats-url / BATON_NATS_URL): %w", c.NATSURL, err)
+	}
+	defer nc.Close()
+
+	r, err := relay.New(cfg, pool, nc, log)
+	if err != nil {
+		return err
+	}
+
+	if c.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", c.MetricsAddr)
+		if err != nil {
+			return &UsageError{Err: fmt.Errorf("--metrics-addr / BATON_METRICS_ADDR %q: %w", c.MetricsAddr, err)}
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error().Err(err).Msg("metrics server stopped")
+			}
+		}()
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+			<-served
+		}()
+		log.Info().Str("addr", ln.Addr().String()).Msg("serving metrics at /metrics")
+	}
+
+	log.Info().Str("slot", cfg.Slot).Str("publication", cfg.Publication).Str("stream", cfg.Stream.Name).Msg("relay starting")
+	return r.Run(ctx)
+}

@@ -1,7 +1,169 @@
 package cli
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
 
-type workerCmd struct{}
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-func (workerCmd) Run() error { return errors.New("baton worker is not built yet") }
+	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/config"
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+type workerCmd struct {
+	config.Database `embed:""`
+	config.NATS     `embed:""`
+	config.Stream   `embed:""`
+
+	Consumer    string          `name:"consumer" env:"BATON_CONSUMER" default:"turns" help:"Durable JetStream consumer shared by every worker of the group."`
+	Agent       string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>, obeys /sleep, /fail, /tool directives), or openai (a model server speaking the OpenAI chat completions API)."`
+	Debounce    time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"100ms" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
+	MaxAttempts int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" default:"3" help:"Attempts at a turn before a visible error ends it."`
+	Lease       time.Duration   `name:"lease" env:"BATON_LEASE" default:"30s" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it."`
+	AckWait     time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" default:"30s" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger; keep it near the lease."`
+	MaxDeliver  int             `name:"max-deliver" env:"BATON_MAX_DELIVER" default:"-1" help:"Deliveries of one trigger before JetStream drops it; -1 is unlimited (attempts are capped in PostgreSQL)."`
+	BackOff     []time.Duration `name:"backoff" env:"BATON_BACKOFF" sep:"," help:"Ack waits of successive redeliveries, such as 30s,1m,5m; the first must equal --ack-wait. Default: none (--ack-wait every time)."`
+	Concurrency int             `name:"concurrency" env:"BATON_CONCURRENCY" default:"64" help:"Turns this worker runs at once."`
+	MetricsAddr string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
+	modelFlags  `embed:""`
+}
+
+// modelFlags configure --agent openai.
+type modelFlags struct {
+	ModelBaseURL      string        `name:"model-base-url" env:"BATON_MODEL_BASE_URL" default:"https://api.openai.com/v1" help:"API root of the OpenAI-compatible model server, such as http://127.0.0.1:11434/v1."`
+	ModelAPIKey       string        `name:"model-api-key" env:"BATON_MODEL_API_KEY" help:"API key sent as a bearer token; local servers often need none."`
+	Model             string        `name:"model" env:"BATON_MODEL" help:"Model name the server knows; required with --agent openai."`
+	ModelTimeout      time.Duration `name:"model-timeout" env:"BATON_MODEL_TIMEOUT" default:"2m" help:"Longest model call, to the last streamed chunk; past it the attempt fails and is retried."`
+	MaxModelCalls     int           `name:"max-model-calls" env:"BATON_MAX_MODEL_CALLS" default:"16" help:"Model calls one turn may make, retries included."`
+	MaxToolIterations int           `name:"max-tool-iterations" env:"BATON_MAX_TOOL_ITERATIONS" default:"8" help:"Rounds of tool calls one turn may make."`
+	SystemPrompt      string        `name:"system-prompt" env:"BATON_SYSTEM_PROMPT" help:"First message of every model request."`
+	ToolHTTPGetAllow  []string      `name:"tool-http-get-allow" env:"BATON_TOOL_HTTP_GET_ALLOW" sep:"," help:"Hosts the http_get tool may read; none leaves the tool out."`
+	ToolWebhookURL    string        `name:"tool-webhook-url" env:"BATON_TOOL_WEBHOOK_URL" help:"URL the webhook (write) tool posts to; none leaves the tool out."`
+}
+
+func (c *workerCmd) Run(ctx context.Context, env *Env) error {
+	if err := c.NATS.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	if err := c.Stream.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	crashAt := os.Getenv(consumer.CrashEnv)
+	log := env.Log.With().Str("component", "worker").Logger()
+	debounce := c.Debounce
+	if debounce == 0 {
+		debounce = consumer.NoDebounce
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := consumer.Config{
+		Stream: c.StreamConfig(),
+		Consumer: batonnats.ConsumerConfig{
+			Name:        c.Consumer,
+			Description: "Baton turn runner",
+			AckWait:     c.AckWait,
+			MaxDeliver:  c.MaxDeliver,
+			BackOff:     c.BackOff,
+		},
+		Agent:       consumer.Echo{},
+		Debounce:    debounce,
+		MaxAttempts: c.MaxAttempts,
+		Lease:       c.Lease,
+		Concurrency: c.Concurrency,
+		CrashAt:     crashAt,
+		Logger:      &log,
+		Registerer:  reg,
+	}
+	var agentCfg *agent.Config
+	if c.Agent == "openai" {
+		tools, err := agent.Builtins{HTTPGetAllow: c.ToolHTTPGetAllow, WebhookURL: c.ToolWebhookURL}.Registry()
+		if err != nil {
+			return &UsageError{Err: err}
+		}
+		alog := env.Log.With().Str("component", "agent").Logger()
+		ac := agent.Config{
+			BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
+			RequestTimeout: c.ModelTimeout, MaxModelCalls: c.MaxModelCalls, MaxToolIterations: c.MaxToolIterations,
+			Tools: tools, Logger: &alog,
+		}
+		if err := ac.WithDefaults().Validate(); err != nil {
+			return &UsageError{Err: err}
+		}
+		agentCfg = &ac
+		cfg.Tools = tools.Tools()
+	}
+	// Checked before connecting, so a wrong flag fails at once with its
+	// name.
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+
+	pool, err := openPool(ctx, c.Database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	nc, err := natsclient.Connect(c.NATSURL, natsclient.Name("baton worker"), natsclient.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("cannot reach NATS at %s: %w", c.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := batonnats.EnsureStream(ctx, js, cfg.Stream); err != nil {
+		return err
+	}
+	events := batonnats.EventsConfig{Replicas: c.Replicas}
+	if _, err := batonnats.EnsureEventsStream(ctx, js, events); err != nil {
+		return err
+	}
+	cfg.OnStateChange = consumer.StatePublisher(js, events, log)
+	if agentCfg != nil {
+		agentCfg.Live = nc // partial replies on baton.live.<conversation>.<run>
+		a, err := agent.NewOpenAI(*agentCfg)
+		if err != nil {
+			return &UsageError{Err: err}
+		}
+		cfg.Agent = a
+	}
+	cfg.Pool, cfg.JetStream = pool, js
+	w, err := consumer.New(cfg)
+	if err != nil {
+		return err
+	}
+
+	if c.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", c.MetricsAddr)
+		if err != nil {
+			return &UsageError{Err: fmt.Errorf("--metrics-addr / BATON_METRICS_ADDR %q: %w", c.MetricsAddr, err)}
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+			if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Warn().Err(err).Msg("metrics server")
+			}
+		}()
+		log.Info().Str("metrics_addr", ln.Addr().String()).Msg("serving metrics")
+	}
+	return w.Run(ctx)
+}

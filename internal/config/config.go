@@ -12,6 +12,7 @@ import (
 	"time"
 
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
 )
 
 // Database locates PostgreSQL.
@@ -120,8 +121,8 @@ func validSlotName(s string) bool {
 
 // Defaults of the shared settings.
 const (
-	DefaultSlot        = "baton_outbox"
-	DefaultPublication = "baton_outbox"
+	DefaultSlot        = relay.DefaultSlot
+	DefaultPublication = relay.DefaultPublication
 	DefaultHTTPAddr    = "127.0.0.1:8080"
 )
 

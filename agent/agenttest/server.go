@@ -1,0 +1,309 @@
+// Package agenttest is a fake OpenAI-compatible model server for tests:
+// an httptest server that answers chat completion requests from a script,
+// streamed (server-sent events) when the request asks for it and whole
+// otherwise, and records what it was sent.
+package agenttest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ToolCall is a tool call a scripted response makes.
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string
+}
+
+// Response is one scripted answer.
+type Response struct {
+	// Status of the answer. Defaults to 200.
+	Status int
+	// Header is added to the answer, for example Retry-After.
+	Header http.Header
+	// Body, when set, is sent as is (an error body, or a malformed one),
+	// instead of a completion built from the fields below.
+	Body string
+	// Content is the reply text. Streamed, it is sent in pieces of
+	// ChunkSize runes.
+	Content string
+	// ChunkSize is how many runes of Content one chunk holds. Defaults to 3.
+	ChunkSize int
+	// ToolCalls the model makes. Streamed, each call's arguments are sent
+	// in several fragments after a first fragment with its ID and name.
+	ToolCalls []ToolCall
+	// OmitIndex leaves the index out of streamed tool-call fragments and
+	// repeats the call's ID in each, as some servers do.
+	OmitIndex bool
+	// FinishReason of the choice. Defaults to "tool_calls" when there are
+	// tool calls and "stop" otherwise; "-" sends none.
+	FinishReason string
+	// CutAfter, for a streamed answer, drops the connection after that
+	// many content chunks, before the model finished.
+	CutAfter int
+	// ErrorAfter, for a streamed answer, sends an error event after that
+	// many content chunks, as servers do when they fail mid-stream.
+	ErrorAfter int
+	// Hang holds the answer until the client gives up on the request.
+	Hang bool
+}
+
+// Message is a message of a recorded request.
+type Message struct {
+	Role       string `json:"role"`
+	Content    any    `json:"content"`
+	ToolCallID string `json:"tool_call_id"`
+	ToolCalls  []struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+// Text is the message's content as text.
+func (m Message) Text() string {
+	switch c := m.Content.(type) {
+	case string:
+		return c
+	case nil:
+		return ""
+	default:
+		b, _ := json.Marshal(c)
+		return string(b)
+	}
+}
+
+// Request is a recorded request.
+type Request struct {
+	At     time.Time
+	Header http.Header
+	Model  string `json:"model"`
+	Stream bool   `json:"stream"`
+	// Messages are the conversation the request sent.
+	Messages []Message `json:"messages"`
+	// Tools are the declared tools, as sent.
+	Tools []struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name        string         `json:"name"`
+			Description string         `json:"description"`
+			Parameters  map[string]any `json:"parameters"`
+		} `json:"function"`
+	} `json:"tools"`
+}
+
+// Server is a scripted model server. Its URL plus "/v1" is a base URL.
+type Server struct {
+	*httptest.Server
+	t testing.TB
+
+	mu       sync.Mutex
+	script   []Response
+	requests []Request
+	arrived  chan struct{}
+}
+
+// NewServer starts a server that answers with script, in order, and
+// fails t on a request beyond it. It is closed when t ends.
+func NewServer(t testing.TB, script ...Response) *Server {
+	s := &Server{t: t, script: script, arrived: make(chan struct{}, 1024)}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// BaseURL is the API root to configure an agent with.
+func (s *Server) BaseURL() string { return s.URL + "/v1" }
+
+// Add appends responses to the script.
+func (s *Server) Add(rs ...Response) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script = append(s.script, rs...)
+}
+
+// Requests returns what the server was sent so far.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+// Arrived receives a value for each request, as it arrives.
+func (s *Server) Arrived() <-chan struct{} { return s.arrived }
+
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
+		http.Error(w, `{"error":{"message":"no such endpoint"}}`, http.StatusNotFound)
+		return
+	}
+	req := Request{At: time.Now(), Header: r.Header.Clone()}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		s.t.Errorf("agenttest: request body is not JSON: %v", err)
+		http.Error(w, `{"error":{"message":"bad json"}}`, http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	n := len(s.requests)
+	s.requests = append(s.requests, req)
+	var res Response
+	ok := n < len(s.script)
+	if ok {
+		res = s.script[n]
+	}
+	s.mu.Unlock()
+	s.arrived <- struct{}{}
+	if !ok {
+		s.t.Errorf("agenttest: request %d is beyond the script of %d responses", n+1, len(s.script))
+		http.Error(w, `{"error":{"message":"script exhausted"}}`, http.StatusInternalServerError)
+		return
+	}
+	if res.Hang {
+		<-r.Context().Done()
+		return
+	}
+	for k, vs := range res.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	status := res.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if res.Body != "" || status != http.StatusOK {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(res.Body))
+		return
+	}
+	finish := res.FinishReason
+	switch {
+	case finish == "" && len(res.ToolCalls) > 0:
+		finish = "tool_calls"
+	case finish == "":
+		finish = "stop"
+	case finish == "-":
+		finish = ""
+	}
+	if req.Stream {
+		s.stream(w, res, finish)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(completion(res, finish))
+}
+
+func completion(res Response, finish string) map[string]any {
+	msg := map[string]any{"role": "assistant", "content": res.Content}
+	if len(res.ToolCalls) > 0 {
+		var calls []map[string]any
+		for _, c := range res.ToolCalls {
+			calls = append(calls, map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": c.Arguments}})
+		}
+		msg["tool_calls"] = calls
+	}
+	choice := map[string]any{"index": 0, "message": msg, "finish_reason": finish}
+	return map[string]any{"id": "chatcmpl-test", "object": "chat.completion", "created": time.Now().Unix(), "model": "test", "choices": []any{choice}}
+}
+
+func (s *Server) stream(w http.ResponseWriter, res Response, finish string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	flusher := w.(http.Flusher)
+	send := func(delta map[string]any, finish string) {
+		choice := map[string]any{"index": 0, "delta": delta, "finish_reason": nil}
+		if finish != "" {
+			choice["finish_reason"] = finish
+		}
+		b, _ := json.Marshal(map[string]any{"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1, "model": "test", "choices": []any{choice}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		flusher.Flush()
+	}
+	send(map[string]any{"role": "assistant", "content": ""}, "")
+	size := res.ChunkSize
+	if size <= 0 {
+		size = 3
+	}
+	runes := []rune(res.Content)
+	for i, n := 0, 0; i < len(runes); i, n = i+size, n+1 {
+		if res.CutAfter > 0 && n == res.CutAfter {
+			panic(http.ErrAbortHandler)
+		}
+		if res.ErrorAfter > 0 && n == res.ErrorAfter {
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"the server is overloaded\",\"type\":\"server_error\"}}\n\n")
+			flusher.Flush()
+			return
+		}
+		send(map[string]any{"content": string(runes[i:min(i+size, len(runes))])}, "")
+	}
+	for i, c := range res.ToolCalls {
+		first := map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": ""}}
+		if !res.OmitIndex {
+			first["index"] = i
+		}
+		send(map[string]any{"tool_calls": []any{first}}, "")
+		for _, part := range split(c.Arguments, 4) {
+			frag := map[string]any{"function": map[string]any{"arguments": part}}
+			if res.OmitIndex {
+				frag["id"] = c.ID
+			} else {
+				frag["index"] = i
+			}
+			send(map[string]any{"tool_calls": []any{frag}}, "")
+		}
+	}
+	send(map[string]any{}, finish)
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	flusher.Flush()
+}
+
+func split(s string, n int) []string {
+	var out []string
+	for len(s) > n {
+		out = append(out, s[:n])
+		s = s[n:]
+	}
+	if s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+// ToolMessages returns the tool results a request sent, by tool call ID.
+func (r Request) ToolMessages() map[string]string {
+	out := map[string]string{}
+	for _, m := range r.Messages {
+		if m.Role == "tool" {
+			out[m.ToolCallID] = m.Text()
+		}
+	}
+	return out
+}
+
+// LastUser returns the text of the request's last user message.
+func (r Request) LastUser() string {
+	for i := len(r.Messages) - 1; i >= 0; i-- {
+		if r.Messages[i].Role == "user" {
+			return r.Messages[i].Text()
+		}
+	}
+	return ""
+}
+
+// Roles returns the roles of the request's messages, joined by spaces.
+func (r Request) Roles() string {
+	roles := make([]string, len(r.Messages))
+	for i, m := range r.Messages {
+		roles[i] = m.Role
+	}
+	return strings.Join(roles, " ")
+}

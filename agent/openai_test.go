@@ -1,0 +1,303 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/schema"
+)
+
+func TestRunSendsHistoryToolsAndTurnAndReturnsTheReply(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, streaming bool) {
+		srv := agenttest.NewServer(t, agenttest.Response{Content: "It is sunny in Paris."})
+		var n int
+		var mu sync.Mutex
+		a := newAgent(t, srv, func(c *agent.Config) {
+			c.DisableStreaming = !streaming
+			c.SystemPrompt = "Be brief."
+			c.Tools = agent.NewRegistry(weather(&n, &mu))
+		})
+		history := []schema.Message{
+			{Role: schema.RoleUser, Content: "hello"},
+			{Role: schema.RoleAssistant, Content: "hi"},
+			{Role: schema.RoleUser, Content: "are you there?"},
+			{Role: schema.RoleError, Content: "The assistant could not answer after 3 attempts"},
+		}
+		reply, err := a.Run(context.Background(), turnOf("weather in Paris?", history...), newExecutor(agent.NewRegistry()))
+		require.NoError(t, err)
+		require.Equal(t, "It is sunny in Paris.", reply.Content)
+
+		reqs := srv.Requests()
+		require.Len(t, reqs, 1)
+		req := reqs[0]
+		require.Equal(t, "test-model", req.Model)
+		require.Equal(t, streaming, req.Stream)
+		require.Equal(t, "Bearer sk-test", req.Header.Get("Authorization"))
+		require.Equal(t, "system user assistant user user", req.Roles(), "the error message of a failed turn must not be sent as the model's words")
+		require.Equal(t, "hi", req.Messages[2].Text())
+		require.Equal(t, "weather in Paris?", req.LastUser())
+		require.Len(t, req.Tools, 1)
+		require.Equal(t, "weather", req.Tools[0].Function.Name)
+		require.Equal(t, "Current weather of a city.", req.Tools[0].Function.Description)
+		require.Equal(t, []any{"city"}, req.Tools[0].Function.Parameters["required"])
+	})
+}
+
+func TestToolCallsRunEvenWhenFinishReasonIsStop(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, streaming bool) {
+		srv := agenttest.NewServer(t,
+			agenttest.Response{FinishReason: "stop", ToolCalls: []agenttest.ToolCall{{ID: "call_a", Name: "weather", Arguments: `{"city":"Oslo"}`}}},
+			agenttest.Response{Content: "Sunny in Oslo."},
+		)
+		var n int
+		var mu sync.Mutex
+		reg := agent.NewRegistry(weather(&n, &mu))
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
+		ex := newExecutor(reg)
+		reply, err := a.Run(context.Background(), turnOf("weather?"), ex)
+		require.NoError(t, err)
+		require.Equal(t, "Sunny in Oslo.", reply.Content)
+		require.Equal(t, 1, n, "the tool call sent with finish_reason stop must run once")
+		require.Len(t, ex.called(), 1)
+		require.JSONEq(t, `{"city":"Oslo"}`, string(ex.called()[0].Arguments))
+
+		reqs := srv.Requests()
+		require.Len(t, reqs, 2)
+		require.Equal(t, "user assistant tool", reqs[1].Roles())
+		require.Equal(t, "call_a", reqs[1].Messages[1].ToolCalls[0].ID)
+		require.Equal(t, `sunny in {"city":"Oslo"}`, reqs[1].ToolMessages()["call_a"])
+	})
+}
+
+func TestBrokenToolArgumentsGoBackToTheModelAndTheTurnFinishes(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, streaming bool) {
+		srv := agenttest.NewServer(t,
+			agenttest.Response{ToolCalls: []agenttest.ToolCall{
+				{ID: "call_broken", Name: "weather", Arguments: `{"city": "Par`},
+				{ID: "call_wrong", Name: "weather", Arguments: `{"city": 75}`},
+				{ID: "call_unknown", Name: "forecast", Arguments: `{}`},
+			}},
+			agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "call_ok", Name: "weather", Arguments: `{"city":"Paris"}`}}},
+			agenttest.Response{Content: "Sunny in Paris."},
+		)
+		var n int
+		var mu sync.Mutex
+		reg := agent.NewRegistry(weather(&n, &mu))
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
+		ex := newExecutor(reg)
+		reply, err := a.Run(context.Background(), turnOf("weather?"), ex)
+		require.NoError(t, err, "a tool error goes to the model, not to the user")
+		require.Equal(t, "Sunny in Paris.", reply.Content)
+		require.Equal(t, 1, n, "only the call with valid arguments may run")
+		require.Len(t, ex.called(), 1, "calls with invalid arguments must not reach the executor, so nothing is journaled for them")
+
+		reqs := srv.Requests()
+		require.Len(t, reqs, 3)
+		results := reqs[1].ToolMessages()
+		require.Contains(t, results["call_broken"], "not valid JSON")
+		require.Contains(t, results["call_wrong"], "do not match the schema")
+		require.Contains(t, results["call_unknown"], `there is no tool "forecast"`)
+		require.Equal(t, "{}", reqs[1].Messages[1].ToolCalls[0].Function.Arguments, "broken arguments are repeated to the model as {}")
+	})
+}
+
+func TestRetryAfterIsHonoredThen429Succeeds(t *testing.T) {
+	t.Parallel()
+	both(t, func(t *testing.T, streaming bool) {
+		srv := agenttest.NewServer(t,
+			agenttest.Response{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}}, Body: `{"error":{"message":"slow down","type":"rate_limit"}}`},
+			agenttest.Response{Content: "done"},
+		)
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
+		reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		require.NoError(t, err)
+		require.Equal(t, "done", reply.Content)
+		reqs := srv.Requests()
+		require.Len(t, reqs, 2, "the client must not retry on its own: one request per retry of the agent")
+		gap := reqs[1].At.Sub(reqs[0].At)
+		require.GreaterOrEqual(t, gap, time.Second, "the retry came %s after the 429, before its Retry-After of 1s", gap)
+	})
+}
+
+func TestServerErrorsAreRetriedWithBackoffThenGiveUpRetryably(t *testing.T) {
+	t.Parallel()
+	fail := agenttest.Response{Status: http.StatusBadGateway, Body: `{"error":{"message":"upstream"}}`}
+	srv := agenttest.NewServer(t, fail, fail, agenttest.Response{Content: "ok"})
+	a := newAgent(t, srv, nil)
+	reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	require.NoError(t, err)
+	require.Equal(t, "ok", reply.Content)
+
+	srv = agenttest.NewServer(t, fail, fail)
+	a = newAgent(t, srv, func(c *agent.Config) { c.MaxRetries = 1 })
+	_, err = a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	require.ErrorIs(t, err, agent.ErrModelUnavailable)
+	require.False(t, agent.IsTerminal(err), "an unavailable server must leave the turn to another attempt")
+	require.Contains(t, err.Error(), "502")
+	require.Len(t, srv.Requests(), 2)
+}
+
+func TestRefusalsAreTerminalAndSayWhatToFix(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		want   []string
+	}{
+		{http.StatusUnauthorized, []string{"refused the API key", "BATON_MODEL_API_KEY", "--model-api-key"}},
+		{http.StatusForbidden, []string{"denied access", "test-model", "BATON_MODEL_API_KEY"}},
+		{http.StatusNotFound, []string{"no model \"test-model\"", "BATON_MODEL", "BATON_MODEL_BASE_URL"}},
+		{http.StatusBadRequest, []string{"rejected the request", "tools are not supported", "BATON_MODEL"}},
+	} {
+		t.Run(http.StatusText(tc.status), func(t *testing.T) {
+			t.Parallel()
+			srv := agenttest.NewServer(t, agenttest.Response{Status: tc.status, Body: `{"error":{"message":"tools are not supported","type":"invalid_request_error"}}`})
+			a := newAgent(t, srv, nil)
+			_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+			require.ErrorIs(t, err, agent.ErrModelRefused)
+			require.True(t, agent.IsTerminal(err), "a %d cannot pass by retrying", tc.status)
+			var me *agent.ModelError
+			require.True(t, errors.As(err, &me))
+			require.Equal(t, tc.status, me.StatusCode)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+			require.NotContains(t, err.Error(), "sk-test", "the visible message must never hold the API key")
+			require.Len(t, srv.Requests(), 1, "a refusal must not be retried")
+		})
+	}
+}
+
+func TestATimeoutEndsTheAttemptForTheRunnerToRetry(t *testing.T) {
+	t.Parallel()
+	srv := agenttest.NewServer(t, agenttest.Response{Hang: true})
+	a := newAgent(t, srv, func(c *agent.Config) { c.RequestTimeout = 200 * time.Millisecond })
+	_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	require.ErrorIs(t, err, agent.ErrModelTimeout)
+	require.False(t, agent.IsTerminal(err))
+	require.Contains(t, err.Error(), "--model-timeout")
+	require.Len(t, srv.Requests(), 1, "a timeout counts as the attempt: it is not retried inside it")
+}
+
+func TestMalformedResponsesAreErrorsNotPanics(t *testing.T) {
+	t.Parallel()
+	for name, res := range map[string]agenttest.Response{
+		"not json":         {Body: `<html>hello</html>`},
+		"no choices":       {Body: `{"id":"x","object":"chat.completion","choices":[]}`},
+		"choices not list": {Body: `{"id":"x","choices":{"a":1}}`},
+		"empty reply":      {Body: `{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}]}`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := agenttest.NewServer(t, res)
+			a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = true })
+			_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+			require.ErrorIs(t, err, agent.ErrMalformedResponse)
+			require.False(t, agent.IsTerminal(err))
+		})
+	}
+}
+
+func TestAStreamCutShortIsRetried(t *testing.T) {
+	t.Parallel()
+	for name, first := range map[string]agenttest.Response{
+		"connection dropped": {Content: "Hello there, world", CutAfter: 2},
+		"error event":        {Content: "Hello there, world", ErrorAfter: 2},
+		"no finish reason":   {Content: "Hello there, world", FinishReason: "-"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := agenttest.NewServer(t, first, agenttest.Response{Content: "Hello again, world"})
+			a := newAgent(t, srv, nil)
+			reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+			require.NoError(t, err)
+			require.Equal(t, "Hello again, world", reply.Content, "text of a cut stream must not leak into the reply")
+			require.Len(t, srv.Requests(), 2)
+		})
+	}
+}
+
+func TestTheTurnBudgetStopsAModelThatKeepsCallingTools(t *testing.T) {
+	t.Parallel()
+	call := func(id string) agenttest.Response {
+		return agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: id, Name: "weather", Arguments: `{"city":"Rome"}`}}}
+	}
+	srv := agenttest.NewServer(t, call("c1"), call("c2"), call("c3"))
+	var n int
+	var mu sync.Mutex
+	reg := agent.NewRegistry(weather(&n, &mu))
+	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.MaxToolIterations = 2 })
+	_, err := a.Run(context.Background(), turnOf("loop"), newExecutor(reg))
+	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
+	require.True(t, agent.IsTerminal(err))
+	require.Contains(t, err.Error(), "--max-tool-iterations")
+	require.Equal(t, 2, n)
+
+	srv = agenttest.NewServer(t, agenttest.Response{Status: 503}, agenttest.Response{Status: 503})
+	a = newAgent(t, srv, func(c *agent.Config) { c.MaxModelCalls = 2 })
+	_, err = a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
+	require.Contains(t, err.Error(), "--max-model-calls")
+	require.Len(t, srv.Requests(), 2, "retries count against the model call budget")
+}
+
+func TestRepeatedOrMissingToolCallIDsGetUniqueOnes(t *testing.T) {
+	t.Parallel()
+	srv := agenttest.NewServer(t,
+		agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "", Name: "weather", Arguments: `{"city":"A"}`}, {ID: "call_0", Name: "weather", Arguments: `{"city":"B"}`}}},
+		agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "call_0", Name: "weather", Arguments: `{"city":"C"}`}}},
+		agenttest.Response{Content: "done"},
+	)
+	var n int
+	var mu sync.Mutex
+	reg := agent.NewRegistry(weather(&n, &mu))
+	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.DisableStreaming = true })
+	ex := newExecutor(reg)
+	_, err := a.Run(context.Background(), turnOf("go"), ex)
+	require.NoError(t, err)
+	ids := map[string]bool{}
+	for _, c := range ex.called() {
+		require.NotEmpty(t, c.ID)
+		require.False(t, ids[c.ID], "tool call ID %q given to the journal twice in one run", c.ID)
+		ids[c.ID] = true
+	}
+	require.Len(t, ids, 3)
+	// The model sees the IDs the journal saw.
+	third := srv.Requests()[2]
+	for id := range third.ToolMessages() {
+		require.True(t, ids[id], "tool result %q does not match a journaled call", id)
+	}
+}
+
+func TestConfigValidateNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  agent.Config
+		want string
+	}{
+		{agent.Config{Model: "m", BaseURL: "localhost:8000"}, "BATON_MODEL_BASE_URL"},
+		{agent.Config{}, "BATON_MODEL (--model)"},
+		{agent.Config{Model: "m", MaxModelCalls: -1}, "--max-model-calls"},
+		{agent.Config{Model: "m", MaxToolIterations: -1}, "--max-tool-iterations"},
+		{agent.Config{Model: "m", RequestTimeout: -time.Second}, "--model-timeout"},
+	} {
+		err := tc.cfg.WithDefaults().Validate()
+		require.Error(t, err)
+		require.True(t, strings.Contains(err.Error(), tc.want), "%q should name %s", err, tc.want)
+	}
+	cfg := agent.Config{Model: "m"}.WithDefaults()
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, agent.DefaultBaseURL, cfg.BaseURL)
+	require.Equal(t, agent.DefaultMaxModelCalls, cfg.MaxModelCalls)
+}

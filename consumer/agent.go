@@ -1,0 +1,101 @@
+// Package consumer runs agent turns from the outbox stream: a durable
+// JetStream consumer group whose workers gather a conversation's triggers
+// in a mailbox, claim its pending outbox rows in one transaction, run the
+// agent with journaled tools, and finalize the turn in one transaction
+// before they acknowledge the triggers. Postgres is the arbiter of every
+// step; the broker only wakes workers up.
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// Agent produces the reply of one turn. It may take minutes; it is given a
+// context that ends when the turn must stop (shutdown, lost lease, deleted
+// conversation) and must return soon after.
+type Agent interface {
+	Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error)
+}
+
+// Turn is what an agent answers: exactly the claimed messages, with the
+// conversation's earlier messages as context.
+type Turn struct {
+	ConversationID string
+	RunID          string
+	TurnID         string
+	// Attempt counts attempts at these messages, this one included.
+	Attempt int
+	// Messages are the user messages of the turn, in order.
+	Messages []schema.Message
+	// History is what was said before, oldest first.
+	History []schema.Message
+}
+
+// Reply is an agent's answer.
+type Reply struct {
+	Content string
+}
+
+// Effect says whether a tool changes the world. Recovery depends on it: an
+// interrupted attempt that started a write is never re-run silently.
+type Effect string
+
+const (
+	EffectRead  Effect = "read"
+	EffectWrite Effect = "write"
+)
+
+// Tool is one versioned capability an agent may call.
+type Tool interface {
+	Name() string
+	Version() string
+	Effect() Effect
+	// Call runs the tool once. A write tool should pass inv.IdempotencyKey
+	// to the system it changes, so that a retry below Baton's level does
+	// not repeat the effect.
+	Call(ctx context.Context, inv Invocation) (string, error)
+}
+
+// Invocation is one journaled call of a tool.
+type Invocation struct {
+	OperationID    int64
+	IdempotencyKey string
+	ConversationID string
+	RunID          string
+	Arguments      json.RawMessage
+}
+
+// ToolCall is an agent's request to run a tool.
+type ToolCall struct {
+	// ID is unique within the run (a model's tool call ID).
+	ID        string
+	Tool      string
+	Arguments json.RawMessage
+}
+
+// ToolExecutor runs tools for an agent, journaling each call in operations:
+// started before the tool runs, completed or failed after.
+type ToolExecutor interface {
+	Call(ctx context.Context, call ToolCall) (string, error)
+}
+
+// ErrUnknownTool is returned for a call of a tool that is not registered.
+var ErrUnknownTool = errors.New("unknown tool")
+
+// TerminalError marks an agent error that another attempt cannot fix (a
+// refused API key, an unknown model, an exhausted budget): the turn fails
+// at once, with the error's message shown to the user.
+type TerminalError interface {
+	error
+	Terminal() bool
+}
+
+// IsTerminal reports whether err, or an error it wraps, is terminal.
+func IsTerminal(err error) bool {
+	var t TerminalError
+	return errors.As(err, &t) && t.Terminal()
+}

@@ -1,0 +1,116 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/internal/testenv"
+)
+
+func TestParseCrash(t *testing.T) {
+	t.Parallel()
+	c, err := parseCrash("")
+	require.NoError(t, err)
+	require.Nil(t, c, "unset costs nothing")
+	c, err = parseCrash("during_model:0.25")
+	require.NoError(t, err)
+	require.Equal(t, &crasher{point: CrashDuringModel, probability: 0.25}, c)
+	_, err = parseCrash("during_lunch")
+	require.ErrorContains(t, err, "unknown crash point")
+	_, err = parseCrash("after_claim:2")
+	require.ErrorContains(t, err, "probability")
+	c.at(CrashAfterClaim) // another point: no crash
+}
+
+// TestCrashPointsFinishOnceOrFailVisibly kills a real `baton worker`
+// process at each crash point during a turn that calls the side-effecting
+// notify tool, then lets a fresh worker take over: the turn completes once,
+// or, when the notify had run, fails visibly, and the side effect never
+// happens twice.
+func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
+	t.Parallel()
+	bin := testenv.BatonBinary(t)
+	cases := []struct {
+		point   string
+		outcome string // "replied" or "error"
+	}{
+		{CrashBeforeClaim, "replied"},
+		{CrashAfterClaim, "replied"},
+		{CrashDuringModel, "replied"},
+		{CrashAfterTool, "error"},
+		{CrashBeforeFinalize, "error"},
+		{CrashAfterFinalizeBeforeAck, "replied"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.point, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.conversation("c")
+
+			cmd := exec.Command(bin, "worker",
+				"--database-url", b.db.URL,
+				"--nats-url", b.nats.URL,
+				"--stream", b.stream.Name,
+				"--subject-prefix", b.stream.SubjectPrefix,
+				"--partitions", strconv.Itoa(b.stream.Partitions),
+				"--lease", "1s", "--ack-wait", "1s", "--debounce", "0",
+				"--log-format", "json")
+			cmd.Env = append(os.Environ(), CrashEnv+"="+tc.point)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			require.NoError(t, cmd.Start())
+			exited := make(chan struct{})
+			var waitErr error
+			go func() {
+				waitErr = cmd.Wait()
+				close(exited)
+			}()
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+			})
+
+			b.send("c", "m1", "please\n/tool notify hello")
+			select {
+			case <-exited:
+				var ee *exec.ExitError
+				require.True(t, errors.As(waitErr, &ee), "worker ended with %v; stderr:\n%s", waitErr, stderr.String())
+				ws := ee.Sys().(syscall.WaitStatus)
+				require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the worker dies like SIGKILL at %s; stderr:\n%s", tc.point, stderr.String())
+			case <-time.After(60 * time.Second):
+				t.Fatalf("the worker did not reach crash point %s; stderr:\n%s", tc.point, stderr.String())
+			}
+
+			b.startWorker(b.testConfig())
+			b.settled(30 * time.Second)
+
+			replies := b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`)
+			errs := b.count(`SELECT count(*) FROM messages WHERE role = 'error'`)
+			switch tc.outcome {
+			case "replied":
+				require.Equal(t, 1, replies, "the turn completes once")
+				require.Zero(t, errs)
+				require.Equal(t, "done", b.statusOf("m1"))
+			case "error":
+				require.Zero(t, replies, "a turn interrupted after a completed notify is not re-run")
+				require.Equal(t, 1, errs, "it fails visibly")
+				require.Equal(t, "error", b.statusOf("m1"))
+				var content string
+				require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
+				require.Contains(t, content, `"notify"`, "the error names the action that may have taken effect")
+			}
+			require.Equal(t, 1, b.count(`SELECT count(*) FROM tool_side_effects`), "the side effect happened exactly once")
+			require.Zero(t, b.count(`SELECT count(*) FROM (SELECT operation_id FROM tool_side_effects GROUP BY operation_id HAVING count(*) > 1) d`),
+				"no operation executed twice")
+		})
+	}
+}

@@ -1,0 +1,128 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// Echo is the built-in agent for development and tests. It replies
+// "echo: <content>" to each message of the turn and obeys directives on
+// their own line:
+//
+//	/sleep <duration>    the model call takes that long
+//	/fail                the model call fails
+//	/tool lookup <text>  calls the read-only lookup tool
+//	/tool notify <text>  calls the side-effecting notify tool
+type Echo struct{}
+
+// ErrEchoFail is the failure the /fail directive asks for.
+var ErrEchoFail = errors.New("echo: the model call failed (/fail directive)")
+
+// Run answers the turn.
+func (Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
+	var out []string
+	calls := 0
+	for _, m := range turn.Messages {
+		var text []string
+		for _, line := range strings.Split(m.Content, "\n") {
+			directive := strings.Fields(line)
+			if len(directive) == 0 || !strings.HasPrefix(directive[0], "/") {
+				text = append(text, line)
+				continue
+			}
+			switch directive[0] {
+			case "/sleep":
+				if len(directive) != 2 {
+					return Reply{}, fmt.Errorf("echo: %q: write /sleep <duration>, such as /sleep 2s", line)
+				}
+				d, err := time.ParseDuration(directive[1])
+				if err != nil {
+					return Reply{}, fmt.Errorf("echo: %q: %w", line, err)
+				}
+				t := time.NewTimer(d)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return Reply{}, context.Cause(ctx)
+				case <-t.C:
+				}
+			case "/fail":
+				return Reply{}, ErrEchoFail
+			case "/tool":
+				if len(directive) < 2 {
+					return Reply{}, fmt.Errorf("echo: %q: write /tool lookup <text> or /tool notify <text>", line)
+				}
+				calls++
+				arg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "/tool "+directive[1]))
+				args, _ := json.Marshal(map[string]string{"text": arg})
+				res, err := tools.Call(ctx, ToolCall{ID: "call_" + strconv.Itoa(calls), Tool: directive[1], Arguments: args})
+				if err != nil {
+					return Reply{}, err
+				}
+				out = append(out, fmt.Sprintf("[%s: %s]", directive[1], res))
+			default:
+				text = append(text, line)
+			}
+		}
+		out = append(out, "echo: "+strings.TrimSpace(strings.Join(text, "\n")))
+	}
+	return Reply{Content: strings.Join(out, "\n")}, nil
+}
+
+// textArgument reads {"text": ...}.
+func textArgument(raw json.RawMessage) (string, error) {
+	var a struct {
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return "", fmt.Errorf("arguments are not {\"text\": ...}: %w", err)
+	}
+	return a.Text, nil
+}
+
+// LookupTool is the echo agent's read-only tool: it reads and changes
+// nothing, so recovery may run it again.
+type LookupTool struct{}
+
+func (LookupTool) Name() string    { return "lookup" }
+func (LookupTool) Version() string { return "1" }
+func (LookupTool) Effect() Effect  { return EffectRead }
+
+func (LookupTool) Call(_ context.Context, inv Invocation) (string, error) {
+	text, err := textArgument(inv.Arguments)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%q has %d characters", text, len([]rune(text))), nil
+}
+
+// NotifyTool is the echo agent's side-effecting tool: each execution
+// appends one tool_side_effects row, so a repeated side effect is
+// countable.
+type NotifyTool struct {
+	DB schema.Executor
+}
+
+func (NotifyTool) Name() string    { return "notify" }
+func (NotifyTool) Version() string { return "1" }
+func (NotifyTool) Effect() Effect  { return EffectWrite }
+
+func (n NotifyTool) Call(ctx context.Context, inv Invocation) (string, error) {
+	text, err := textArgument(inv.Arguments)
+	if err != nil {
+		return "", err
+	}
+	if _, err := n.DB.Exec(ctx, `
+		INSERT INTO tool_side_effects (operation_id, idempotency_key, conversation_id, payload)
+		VALUES ($1, $2, $3, $4)`, inv.OperationID, inv.IdempotencyKey, inv.ConversationID, text); err != nil {
+		return "", fmt.Errorf("notify: %w", err)
+	}
+	return "notified", nil
+}

@@ -1,0 +1,69 @@
+package consumer
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of a worker, registered on Config.Registerer.
+type metrics struct {
+	turnsStarted   prometheus.Counter
+	turnsFinished  *prometheus.CounterVec // by outcome: replied, retried, failed, cancelled, abandoned
+	attempts       prometheus.Histogram
+	insertToClaim  prometheus.Histogram
+	insertToFinal  prometheus.Histogram
+	recoveries     *prometheus.CounterVec // by outcome: retry, failed
+	deduplicated   prometheus.Counter
+	busy           prometheus.Counter
+	inFlight       prometheus.Gauge
+	operations     *prometheus.CounterVec // by tool and status
+	triggersBroken prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+	m := &metrics{
+		turnsStarted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_turns_started_total", Help: "Turns claimed by this worker.",
+		}),
+		turnsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, retried, failed, cancelled, abandoned).",
+		}, []string{"outcome"}),
+		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "baton_turn_attempts", Help: "Attempt number of each claimed turn.", Buckets: []float64{1, 2, 3, 4, 5, 10},
+		}),
+		insertToClaim: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "baton_turn_insert_to_claim_seconds", Help: "From the oldest outbox insert of a turn to its claim.", Buckets: latency,
+		}),
+		insertToFinal: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "baton_turn_insert_to_finalize_seconds", Help: "From the oldest outbox insert of a turn to its finalize commit.", Buckets: latency,
+		}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_recoveries_total", Help: "Runs recovered after their lease expired or at shutdown, by outcome (retry, failed).",
+		}, []string{"outcome"}),
+		deduplicated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_triggers_deduplicated_total", Help: "Triggers acknowledged without a turn: their rows were already claimed or done (redeliveries, re-announcements).",
+		}),
+		busy: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_triggers_delayed_busy_total", Help: "Triggers delayed because another run owned the conversation.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_conversations_in_flight", Help: "Conversations with a turn running on this worker.",
+		}),
+		operations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_operations_total", Help: "Tool calls journaled by this worker, by tool and status.",
+		}, []string{"tool", "status"}),
+		triggersBroken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_triggers_malformed_total", Help: "Events on the stream that are not triggers; terminated.",
+		}),
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.attempts, m.insertToClaim, m.insertToFinal,
+		m.recoveries, m.deduplicated, m.busy, m.inFlight, m.operations, m.triggersBroken} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,341 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
+	"github.com/batonhq/baton/schema"
+)
+
+// commitTimeout bounds the transactions that end a turn. They run even when
+// the turn's context has ended: an answer that exists is worth committing,
+// and a failure must be recorded.
+const commitTimeout = 15 * time.Second
+
+// handle claims the conversation for the triggers of batch, runs the turn
+// and ends it. Every trigger of batch is acked once a committed transaction
+// covers it, or returned to the group (nak) when nothing did.
+func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
+	log := w.log.With().Str("conversation_id", mb.conversationID).Logger()
+	w.crash.at(CrashBeforeClaim)
+
+	runID := "run_" + uuid.Must(uuid.NewV7()).String()
+	var claim schema.Claim
+	err := pgx.BeginFunc(w.hardCtx, w.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		claim, err = schema.ClaimTx(w.hardCtx, tx, schema.ClaimParams{
+			ConversationID: mb.conversationID,
+			RunID:          runID,
+			Worker:         w.cfg.Name,
+			Lease:          w.cfg.Lease,
+			MaxAttempts:    w.cfg.MaxAttempts,
+		})
+		return err
+	})
+	var busy *schema.BusyError
+	switch {
+	case errors.As(err, &busy):
+		// Another run owns the conversation: look again once it is likely
+		// done, or its lease has expired and the run can be recovered.
+		delay := min(max(time.Until(busy.LeaseExpiresAt)+10*time.Millisecond, 10*time.Millisecond), w.cfg.BusyDelay)
+		w.metrics.busy.Add(float64(len(batch)))
+		log.Debug().Str("owner_run_id", busy.RunID).Dur("delay", delay).Msg("conversation busy; delaying triggers")
+		nakAll(batch, delay)
+		return
+	case errors.Is(err, schema.ErrConversationDeleted):
+		ackAll(batch)
+		return
+	case err != nil:
+		if w.hardCtx.Err() == nil {
+			log.Error().Err(err).Msg("claim")
+		}
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
+	if r := claim.Recovered; r != nil {
+		w.recovered(*r)
+	}
+	if claim.Empty() {
+		// Redelivered or re-announced triggers whose rows another turn
+		// already covered.
+		w.metrics.deduplicated.Add(float64(len(batch)))
+		ackAll(batch)
+		return
+	}
+	log = log.With().Str("run_id", claim.RunID).Str("turn_id", claim.TurnID).Logger()
+	w.metrics.turnsStarted.Inc()
+	w.metrics.attempts.Observe(float64(claim.Attempts))
+	w.metrics.insertToClaim.Observe(time.Since(claim.FirstCreatedAt).Seconds())
+	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateProcessing, OutboxIDs: claim.OutboxIDs})
+	log.Debug().Ints64("outbox_ids", claim.OutboxIDs).Int("attempt", claim.Attempts).Msg("turn claimed")
+	w.crash.at(CrashAfterClaim)
+
+	w.metrics.inFlight.Inc()
+	defer w.metrics.inFlight.Dec()
+	w.runTurn(log, mb, batch, claim)
+}
+
+// errShutdown ends turns still running at the shutdown deadline.
+var errShutdown = errors.New("worker is shutting down")
+
+// runTurn runs a claimed turn and ends it in one transaction.
+func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
+	turnCtx, cancel := context.WithCancelCause(w.hardCtx)
+	defer cancel(nil)
+	stopHeartbeat := w.heartbeat(turnCtx, cancel, log, mb, batch, claim)
+
+	reply, err := func() (Reply, error) {
+		in, err := schema.LoadTurn(turnCtx, w.cfg.Pool, claim.ConversationID, claim.OutboxIDs, w.cfg.HistoryLimit)
+		if err != nil {
+			return Reply{}, err
+		}
+		w.crash.at(CrashDuringModel)
+		return w.cfg.Agent.Run(turnCtx, Turn{
+			ConversationID: claim.ConversationID,
+			RunID:          claim.RunID,
+			TurnID:         claim.TurnID,
+			Attempt:        claim.Attempts,
+			Messages:       in.Messages,
+			History:        in.History,
+		}, &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics})
+	}()
+	stopHeartbeat()
+	if cause := context.Cause(turnCtx); cause != nil && turnCtx.Err() != nil {
+		err = cause
+		if w.hardCtx.Err() != nil {
+			err = errShutdown
+		}
+	}
+
+	ctx, cancelCommit := context.WithTimeout(context.WithoutCancel(w.hardCtx), commitTimeout)
+	defer cancelCommit()
+	if err == nil {
+		w.crash.at(CrashBeforeFinalize)
+		w.finalize(ctx, log, batch, claim, reply)
+		return
+	}
+	switch {
+	case errors.Is(err, schema.ErrConversationDeleted):
+		w.cancelled(ctx, log, batch, claim)
+	case errors.Is(err, schema.ErrLeaseLost):
+		w.abandoned(ctx, log, batch, claim, err)
+	case errors.Is(err, errShutdown):
+		w.giveUp(ctx, log, batch, claim)
+	default:
+		w.failAttempt(ctx, log, batch, claim, err)
+	}
+}
+
+// heartbeat renews the lease and keeps the triggers from redelivery while
+// the turn runs. When the lease cannot be renewed before it expires, or
+// the conversation is gone, it ends the turn's context with the reason. The
+// returned function stops it and waits for it.
+func (w *Worker) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		until := claim.LeaseExpiresAt
+		tick := time.NewTicker(w.progressInterval())
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			w.progress(mb, batch)
+			renewed, err := schema.RenewLease(ctx, w.cfg.Pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
+			switch {
+			case err == nil:
+				until = renewed
+			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
+				cancel(err)
+				return
+			case ctx.Err() != nil:
+				return
+			default:
+				log.Warn().Err(err).Time("lease_expires_at", until).Msg("renew lease")
+				// Keep trying while the lease holds; past it another
+				// worker may own the conversation, so the turn must stop.
+				if time.Now().Add(w.progressInterval()).After(until) {
+					cancel(schema.ErrLeaseLost)
+					return
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(stop) })
+		wg.Wait()
+	}
+}
+
+// finalize commits the reply, then acks.
+func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+	var out schema.Finalized
+	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = schema.FinalizeTx(ctx, tx, schema.Finalize{
+			ConversationID: claim.ConversationID,
+			RunID:          claim.RunID,
+			TurnID:         claim.TurnID,
+			OutboxIDs:      claim.OutboxIDs,
+			Content:        reply.Content,
+		})
+		return err
+	})
+	switch {
+	case errors.Is(err, schema.ErrConversationDeleted):
+		w.cancelled(ctx, log, batch, claim)
+		return
+	case errors.Is(err, schema.ErrLeaseLost):
+		w.abandoned(ctx, log, batch, claim, err)
+		return
+	case err != nil:
+		// The lease still holds the rows: recovery resolves them once it
+		// expires, and the triggers come back before that.
+		log.Error().Err(err).Msg("finalize")
+		w.metrics.turnsFinished.WithLabelValues("error").Inc()
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
+	w.crash.at(CrashAfterFinalizeBeforeAck)
+	ackAll(batch)
+	w.metrics.turnsFinished.WithLabelValues("replied").Inc()
+	w.metrics.insertToFinal.Observe(time.Since(claim.FirstCreatedAt).Seconds())
+	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateReplied, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
+	log.Debug().Str("message_id", out.MessageID).Int64("operations", out.Operations).Msg("turn replied")
+}
+
+// cancelled ends a turn whose conversation was deleted: its result is
+// discarded and nothing is recreated; the triggers are done with.
+func (w *Worker) cancelled(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim) {
+	// The run's row went with the conversation; this records nothing
+	// unless it survived.
+	_ = schema.MarkRun(ctx, w.cfg.Pool, claim.RunID, "cancelled", "conversation deleted during the turn")
+	ackAll(batch)
+	w.metrics.turnsFinished.WithLabelValues("cancelled").Inc()
+	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateCancelled, OutboxIDs: claim.OutboxIDs})
+	log.Info().Msg("conversation deleted during the turn; result discarded")
+}
+
+// abandoned ends a turn that lost its lease: whoever took the conversation
+// over owns the rows now. The triggers go back, since a trigger only means
+// "look at this conversation".
+func (w *Worker) abandoned(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, cause error) {
+	if err := schema.MarkRun(ctx, w.cfg.Pool, claim.RunID, "abandoned", cause.Error()); err != nil {
+		log.Warn().Err(err).Msg("record abandoned run")
+	}
+	nakAll(batch, w.cfg.BusyDelay)
+	w.metrics.turnsFinished.WithLabelValues("abandoned").Inc()
+	log.Warn().Err(cause).Msg("turn abandoned")
+}
+
+// failAttempt records a failed attempt: back to pending and announced again
+// under the cap, a visible error at it, in one transaction.
+func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, cause error) {
+	var out schema.FailOutcome
+	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = schema.FailAttemptTx(ctx, tx, schema.Failure{
+			ConversationID: claim.ConversationID,
+			RunID:          claim.RunID,
+			TurnID:         claim.TurnID,
+			OutboxIDs:      claim.OutboxIDs,
+			Reason:         failReason(cause),
+			MaxAttempts:    w.cfg.MaxAttempts,
+			Terminal:       IsTerminal(cause),
+		})
+		if err != nil {
+			return err
+		}
+		return relay.AnnounceTx(ctx, tx, batonnats.ReasonRetry, out.RetryIDs)
+	})
+	switch {
+	case errors.Is(err, schema.ErrConversationDeleted):
+		w.cancelled(ctx, log, batch, claim)
+		return
+	case errors.Is(err, schema.ErrLeaseLost):
+		w.abandoned(ctx, log, batch, claim, err)
+		return
+	case err != nil:
+		log.Error().Err(err).AnErr("attempt_error", cause).Msg("record failed attempt")
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
+	// The announcement committed with the rows: the triggers in hand are
+	// done with either way.
+	ackAll(batch)
+	if out.GaveUp {
+		w.metrics.turnsFinished.WithLabelValues("failed").Inc()
+		w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateFailed, OutboxIDs: claim.OutboxIDs, MessageID: out.ErrorMessageID})
+		log.Warn().Err(cause).Int("attempts", out.Attempts).Msg("turn failed; error shown in the conversation")
+		return
+	}
+	w.metrics.turnsFinished.WithLabelValues("retried").Inc()
+	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StatePending, OutboxIDs: claim.OutboxIDs})
+	log.Info().Err(cause).Int("attempts", out.Attempts).Msg("attempt failed; turn announced again")
+}
+
+// giveUp ends a turn cut short by shutdown with the recovery rule, at once
+// rather than after the lease: back to pending and announced, or failed
+// visibly after a started write.
+func (w *Worker) giveUp(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim) {
+	var r schema.Recovery
+	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		r, err = schema.RecoverRunTx(ctx, tx, claim.ConversationID, claim.RunID, w.cfg.MaxAttempts)
+		if err != nil {
+			return err
+		}
+		return relay.AnnounceTx(ctx, tx, batonnats.ReasonRetry, r.RetryIDs)
+	})
+	if err != nil {
+		// The lease expires and another worker recovers the run.
+		log.Error().Err(err).Msg("give up turn at shutdown")
+	} else {
+		w.recovered(r)
+	}
+	nakAll(batch, 0)
+	w.metrics.turnsFinished.WithLabelValues("abandoned").Inc()
+	log.Info().Str("outcome", r.Outcome).Msg("turn given up at shutdown")
+}
+
+func ackAll(batch []jetstream.Msg) {
+	for _, m := range batch {
+		_ = m.Ack()
+	}
+}
+
+func nakAll(batch []jetstream.Msg, delay time.Duration) {
+	for _, m := range batch {
+		if delay > 0 {
+			_ = m.NakWithDelay(delay)
+		} else {
+			_ = m.Nak()
+		}
+	}
+}
+
+// failReason is what the user reads about a failed attempt. A terminal
+// reason is shown as is, so it must read as a sentence.
+func failReason(cause error) string {
+	if IsTerminal(cause) {
+		return "The assistant could not answer: " + cause.Error() + "."
+	}
+	return cause.Error()
+}

@@ -1,0 +1,287 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/stack"
+	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
+	"github.com/batonhq/baton/schema"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// page is a real headless Chromium on the web page of a real stack:
+// PostgreSQL, NATS JetStream, the relay, a worker with the echo agent and
+// the API.
+type page struct {
+	t        *testing.T
+	db       *testenv.DB
+	ctx      context.Context
+	url      string
+	addr     string
+	srv      *api.Server
+	hs       *http.Server
+	artifact string
+}
+
+func findChromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no Chromium found: install Debian's chromium package (make test does: scripts/install-deps.sh chromium)")
+	return ""
+}
+
+func startPage(t *testing.T) *page {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, err := natsclient.Connect(ns.URL, natsclient.MaxReconnects(-1), natsclient.ReconnectBufSize(-1))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	require.NoError(t, err)
+
+	stackDone := make(chan error, 1)
+	go func() {
+		stackDone <- stack.Run(ctx, stack.Config{
+			Pool: db.Pool, NATS: nc,
+			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
+			Worker: consumer.Config{
+				MaxAttempts: 2, Lease: 5 * time.Second, RetryDelay: 100 * time.Millisecond,
+				Debounce: 50 * time.Millisecond,
+			},
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-stackDone; err != nil {
+			t.Errorf("stack: %v", err)
+		}
+	})
+
+	token, _, err := schema.CreateToken(ctx, db.Pool, "browser")
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	require.NoError(t, err)
+	p := &page{t: t, db: db, srv: srv}
+	p.artifact = artifactDir(t)
+	p.serve("127.0.0.1:0")
+	t.Cleanup(p.stopAPI)
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(findChromium(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1100, 720),
+	)
+	t.Cleanup(cancelAlloc)
+	bctx, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(cancelBrowser)
+	p.ctx = bctx
+	p.url = fmt.Sprintf("http://%s/#token=%s", p.addr, token)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(p.url)))
+	return p
+}
+
+func artifactDir(t *testing.T) string {
+	dir := os.Getenv("BATON_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = "artifacts"
+	}
+	dir = filepath.Join(dir, t.Name())
+	require.NoError(t, os.RemoveAll(dir))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+// serve starts the API on addr ("127.0.0.1:0" the first time, the same
+// address again after stopAPI).
+func (p *page) serve(addr string) {
+	var ln net.Listener
+	var err error
+	for i := 0; i < 50; i++ {
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the old listener's port may linger briefly
+	}
+	require.NoError(p.t, err)
+	p.addr = ln.Addr().String()
+	p.hs = &http.Server{Handler: p.srv}
+	go func() { _ = p.hs.Serve(ln) }()
+}
+
+// stopAPI makes the API unreachable: listener and open connections closed.
+func (p *page) stopAPI() {
+	if p.hs != nil {
+		_ = p.hs.Close()
+		p.hs = nil
+	}
+}
+
+// waitJS polls a JavaScript predicate until it is true or the deadline
+// passes.
+func (p *page) waitJS(what, expr string, timeout time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](expr))
+		if err == nil && ok {
+			return
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.screenshot("timeout")
+	p.t.Fatalf("waited %s for %s (%s); last error: %v", timeout, what, expr, last)
+}
+
+func (p *page) js(expr string) bool {
+	p.t.Helper()
+	ok, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](expr))
+	require.NoError(p.t, err)
+	return ok
+}
+
+func (p *page) screenshot(name string) {
+	buf, err := chromedp.Run(p.ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		p.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	path := filepath.Join(p.artifact, name+".png")
+	if err := os.WriteFile(path, buf, 0o644); err == nil {
+		p.t.Logf("screenshot: %s", path)
+	}
+}
+
+func (p *page) newConversation(title string) {
+	p.t.Helper()
+	p.waitJS("the app", `!document.getElementById("app").classList.contains("hidden")`, 10*time.Second)
+	require.NoError(p.t, chromedp.Do(p.ctx,
+		chromedp.SetValue("#newtitle", title),
+		chromedp.Click("#newconv button"),
+	))
+	p.waitJS("the conversation to open", `document.getElementById("convtitle").textContent === `+jsString(title), 10*time.Second)
+	p.waitJS("the live connection", `document.getElementById("conn").classList.contains("live")`, 10*time.Second)
+}
+
+func (p *page) send(text string) {
+	p.t.Helper()
+	require.NoError(p.t, chromedp.Do(p.ctx,
+		chromedp.SetValue("#input", text),
+		chromedp.Click("#send"),
+	))
+}
+
+func jsString(s string) string { return fmt.Sprintf("%q", s) }
+
+func hasBubble(role, text string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('.msg[data-role=%s]')].some(e => e.textContent.includes(%s))`, role, jsString(text))
+}
+
+func countBubbles(role, text string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('.msg[data-role=%s]')].filter(e => e.textContent.includes(%s)).length`, role, jsString(text))
+}
+
+func (p *page) count(query string) int {
+	n, err := chromedp.Run(p.ctx, chromedp.Evaluate[int](query))
+	require.NoError(p.t, err)
+	return n
+}
+
+func TestBrowserSendsMessageAndSeesEchoReply(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("hello test")
+	p.send("hello there")
+	p.waitJS("the echo reply", hasBubble("assistant", "echo: hello there"), 20*time.Second)
+	p.screenshot("reply")
+	require.Equal(t, 1, p.count(countBubbles("user", "hello there")))
+	require.False(t, p.js(`!!document.getElementById("thinking")`), "no thinking once the reply is in")
+}
+
+func TestBrowserMessageWrittenOfflineIsSentOnceWhenAPIReturns(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("offline")
+	addr := p.addr
+
+	p.stopAPI()
+	p.waitJS("the page to notice the lost connection", `document.getElementById("conn").classList.contains("down")`, 15*time.Second)
+	p.send("written offline")
+	p.waitJS("the unsent message", `[...document.querySelectorAll('.msg.unsent')].some(e => e.textContent.includes("not sent yet"))`, 10*time.Second)
+	require.False(t, p.js(`!!document.getElementById("thinking")`), "offline, the page must not claim that work is running")
+	require.True(t, p.js(`!!document.getElementById("unknown")`), "offline, the page says the status is unknown")
+	p.screenshot("offline-unsent")
+
+	p.serve(addr)
+	p.waitJS("the echo reply after reconnecting", hasBubble("assistant", "echo: written offline"), 30*time.Second)
+	p.screenshot("back-online")
+
+	var users, replies int
+	require.NoError(t, p.db.Pool.QueryRow(context.Background(), `
+		SELECT count(*) FILTER (WHERE role = 'user' AND content = 'written offline'),
+		       count(*) FILTER (WHERE role = 'assistant' AND content = 'echo: written offline')
+		FROM messages`).Scan(&users, &replies))
+	require.Equal(t, 1, users, "the resend used the same message id")
+	require.Equal(t, 1, replies, "exactly one reply")
+	require.Equal(t, 1, p.count(countBubbles("assistant", "echo: written offline")))
+}
+
+func TestBrowserShowsFailureAfterTheCapWithRetry(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("failing")
+	p.send("/fail")
+	p.waitJS("the visible error", `document.querySelectorAll('.msg[data-role=error]').length === 1`, 30*time.Second)
+	p.waitJS("the retry action", `!!document.getElementById("retry")`, 10*time.Second)
+	p.screenshot("failed")
+	var errs int
+	require.NoError(t, p.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM agent_outbox WHERE status = 'error'`).Scan(&errs))
+	require.Equal(t, 1, errs)
+}
+
+func TestBrowserShowsThinkingOnlyWhileTheTurnRuns(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("sleepy")
+	p.send("/sleep 3s\nslow one")
+	p.waitJS("thinking while the turn runs", `!!document.getElementById("thinking")`, 10*time.Second)
+	p.screenshot("thinking")
+	// The server says processing: the database agrees.
+	var processing int
+	require.NoError(t, p.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM agent_outbox WHERE status = 'processing'`).Scan(&processing))
+	require.Equal(t, 1, processing)
+
+	p.waitJS("the reply", hasBubble("assistant", "slow one"), 20*time.Second)
+	p.waitJS("thinking gone", `!document.getElementById("thinking")`, 5*time.Second)
+	p.screenshot("after")
+}

@@ -1,0 +1,86 @@
+// Package stack runs the relay and a worker in one process over one
+// PostgreSQL pool and one NATS connection: what `baton dev` runs beside the
+// API, and what end-to-end tests drive.
+package stack
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/batonhq/baton/consumer"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
+)
+
+// Config is the relay's and the worker's configuration. Pool, NATS and
+// JetStream are filled into both.
+type Config struct {
+	Pool   *pgxpool.Pool
+	NATS   *natsclient.Conn
+	Events batonnats.EventsConfig
+	Relay  relay.Config
+	Worker consumer.Config
+	Log    zerolog.Logger
+}
+
+// Run runs the relay and the worker until ctx ends or one fails.
+func Run(ctx context.Context, cfg Config) error {
+	js, err := jetstream.New(cfg.NATS)
+	if err != nil {
+		return err
+	}
+	rl, err := relay.New(cfg.Relay, cfg.Pool, cfg.NATS, cfg.Log.With().Str("component", "relay").Logger())
+	if err != nil {
+		return err
+	}
+	wcfg := cfg.Worker
+	wcfg.Pool = cfg.Pool
+	wcfg.JetStream = js
+	wcfg.Stream = cfg.Relay.Stream
+	wlog := cfg.Log.With().Str("component", "worker").Logger()
+	wcfg.Logger = &wlog
+	if wcfg.OnStateChange == nil {
+		wcfg.OnStateChange = consumer.StatePublisher(js, cfg.Events, wlog)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return rl.Run(gctx) })
+	g.Go(func() error {
+		// The relay provisions the outbox stream; the worker needs it
+		// before it can create its consumer.
+		if err := waitForStream(gctx, js, cfg.Relay.Stream.WithDefaults().Name); err != nil {
+			return err
+		}
+		w, err := consumer.New(wcfg)
+		if err != nil {
+			return err
+		}
+		return w.Run(gctx)
+	})
+	err = g.Wait()
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return nil
+	}
+	return err
+}
+
+func waitForStream(ctx context.Context, js jetstream.JetStream, name string) error {
+	for backoff := 20 * time.Millisecond; ; backoff = min(backoff*2, time.Second) {
+		// Not found yet, or NATS down for a moment: keep waiting.
+		if _, err := js.Stream(ctx, name); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// PostgreSQL error codes the relay acts on.
+const (
+	pgDuplicateObject = "42710"
+	pgObjectInUse     = "55006"
+	pgUndefinedObject = "42704"
+)
+
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// ensurePublication creates the publication of agent_outbox inserts when it
+// is missing. It must exist before the slot: pgoutput looks publications up
+// as of each decoded transaction.
+func (r *Relay) ensurePublication(ctx context.Context) error {
+	var exists bool
+	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("look up publication %s: %w", r.cfg.Publication, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := r.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{r.cfg.Publication}.Sanitize()+` FOR TABLE agent_outbox WITH (publish = 'insert')`)
+	if pgCode(err) == pgDuplicateObject {
+		return nil // another relay was faster
+	}
+	if err != nil {
+		return fmt.Errorf("create publication %s (the relay's database user needs CREATE on the database and ownership of agent_outbox): %w", r.cfg.Publication, err)
+	}
+	r.log.Info().Str("publication", r.cfg.Publication).Msg("publication created")
+	return nil
+}
+
+// slotState is the slot as pg_replication_slots shows it.
+type slotState struct {
+	exists    bool
+	plugin    string
+	database  string
+	walStatus string
+	confirmed pglogrepl.LSN
+}
+
+func (r *Relay) inspectSlot(ctx context.Context) (slotState, error) {
+	var s slotState
+	var plugin, database, walStatus *string
+	var confirmed *string
+	err := r.pool.QueryRow(ctx, `
+		SELECT plugin, database, wal_status, confirmed_flush_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &database, &walStatus, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("look up slot %s: %w", r.cfg.Slot, err)
+	}
+	s.exists = true
+	s.plugin, s.database, s.walStatus = deref(plugin), deref(database), deref(walStatus)
+	if confirmed != nil {
+		if s.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// ensureSlot makes sure the slot exists and can be read. A missing slot, or
+// one PostgreSQL invalidated because it held too much WAL, is (re)created,
+// and every pending row is announced again: the inserts it would have
+// carried are gone from its view.
+func (r *Relay) ensureSlot(ctx context.Context) error {
+	s, err := r.inspectSlot(ctx)
+	if err != nil {
+		return err
+	}
+	var db string
+	if err := r.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return err
+	}
+	reason := ""
+	switch {
+	case !s.exists:
+		reason = "missing"
+	case s.database != db:
+		return &fatalError{fmt.Errorf("slot %s belongs to database %q, not %q: choose another --slot / BATON_SLOT (slot names are global to the server)", r.cfg.Slot, s.database, db)}
+	case s.plugin != "pgoutput":
+		return &fatalError{fmt.Errorf("slot %s uses plugin %q, not pgoutput: choose another --slot / BATON_SLOT, or drop that slot", r.cfg.Slot, s.plugin)}
+	case s.walStatus == "lost":
+		reason = "lost"
+		// An invalidated slot can never stream again; dropping it is the
+		// only way to reuse its name.
+		if _, err := r.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); err != nil && pgCode(err) != pgUndefinedObject {
+			return fmt.Errorf("drop invalidated slot %s: %w", r.cfg.Slot, err)
+		}
+	default:
+		return nil
+	}
+	// The publication must exist when the slot starts, or decoding fails
+	// on the first transaction.
+	_, err = r.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, r.cfg.Slot)
+	if pgCode(err) == pgDuplicateObject {
+		return nil // another relay created it, and announces
+	}
+	if err != nil {
+		return fmt.Errorf("create slot %s (the relay's database user needs the REPLICATION attribute, and max_replication_slots room): %w", r.cfg.Slot, err)
+	}
+	// Every row committed before the slot's start is visible now; every
+	// later one reaches the slot. Announcing the pending ones through the
+	// slot closes the gap without a second path to JetStream.
+	n, err := r.announcePending(ctx)
+	if err != nil {
+		return fmt.Errorf("slot %s created, announcing pending rows: %w", r.cfg.Slot, err)
+	}
+	r.log.Warn().Str("slot", r.cfg.Slot).Str("cause", reason).Int("rows_announced", n).
+		Msg("slot (re)created; pending rows announced again")
+	return nil
+}
+
+// announcePending announces every pending outbox row again, in batches of
+// SweepBatch, and marks them announced so the sweeper does not repeat them.
+func (r *Relay) announcePending(ctx context.Context) (int, error) {
+	total := 0
+	var after int64
+	for {
+		ids, err := r.announceBatch(ctx, `
+			WITH due AS (
+				SELECT id FROM agent_outbox
+				WHERE status = 'pending' AND id > $1
+				ORDER BY id LIMIT $2
+				FOR UPDATE SKIP LOCKED)
+			UPDATE agent_outbox o SET announced_at = now()
+			FROM due WHERE o.id = due.id
+			RETURNING o.id`, after, r.cfg.SweepBatch)
+		if err != nil {
+			return total, err
+		}
+		total += len(ids)
+		if len(ids) < r.cfg.SweepBatch {
+			return total, nil
+		}
+		for _, id := range ids {
+			after = max(after, id)
+		}
+	}
+}
+
+// announceBatch marks the rows the query returns and announces them, in one
+// transaction: the announcement exists exactly when the mark does.
+func (r *Relay) announceBatch(ctx context.Context, query string, args ...any) ([]int64, error) {
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if err := AnnounceTx(ctx, tx, batonnats.ReasonSweep, ids); err != nil {
+		return nil, err
+	}
+	return ids, tx.Commit(ctx)
+}

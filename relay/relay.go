@@ -1,0 +1,554 @@
+// Package relay tails inserts into agent_outbox through a persistent logical
+// replication slot (pgoutput) and publishes one trigger per row to NATS
+// JetStream, on the conversation's subject. It confirms a position to the
+// slot only once JetStream acknowledged every event up to it, so a crash of
+// the relay, the broker or the database loses nothing: the slot resends
+// from the confirmed position and the events' Nats-Msg-Id lets JetStream drop
+// the copies it already holds.
+//
+// The relay also carries announcements (AnnounceTx) that recovery and the
+// sweeper commit with their row changes, writes a heartbeat so an idle
+// outbox does not pin WAL, and sweeps for pending rows nobody claimed in
+// time.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// Relay moves outbox inserts from a replication slot to JetStream.
+type Relay struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	nc      *natsclient.Conn
+	log     zerolog.Logger
+	metrics *metrics
+	repl    *pgconn.Config
+	// api makes JetStream API calls; each session publishes through a
+	// JetStream context of its own, dropped with its pending futures.
+	api jetstream.JetStream
+
+	running atomic.Bool
+	// active is true while this relay holds the slot and streams.
+	active atomic.Bool
+
+	// onAck, when set, sees every acknowledged event: the benchmark
+	// measures commit-to-ack latency with it.
+	onAck func(t batonnats.Trigger, commitTime, ackTime time.Time)
+}
+
+// New returns a relay over pool (normal queries, and the settings of the
+// replication connection it opens itself) and nc, both owned by the
+// caller. A NATS connection that buffers publications while it reconnects
+// only delays failures; give one made with natsclient.ReconnectBufSize(-1).
+func New(cfg Config, pool *pgxpool.Pool, nc *natsclient.Conn, log zerolog.Logger) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || nc == nil {
+		return nil, errors.New("relay: New needs a PostgreSQL pool and a NATS connection")
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	api, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	repl := pool.Config().ConnConfig.Config.Copy()
+	repl.RuntimeParams["replication"] = "database"
+	repl.RuntimeParams["application_name"] = "baton-relay"
+	return &Relay{
+		cfg:     cfg,
+		pool:    pool,
+		nc:      nc,
+		log:     log,
+		metrics: m,
+		repl:    repl,
+		api:     api,
+	}, nil
+}
+
+// Errors that steer the retry loop.
+var (
+	errSlotActive = errors.New("slot is active in another relay")
+	errNATSDown   = errors.New("NATS is not connected")
+)
+
+// fatalError is a configuration problem that retrying cannot fix.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// Run relays until ctx is cancelled, then stops reading, waits for the
+// events in flight, confirms what JetStream acknowledged, and returns nil.
+// Failures of PostgreSQL or NATS are retried with backoff; only settings
+// that cannot work (a slot of another database or plugin) end Run with an
+// error. Run starts the heartbeat and the sweeper and stops them before it
+// returns.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run is already running")
+	}
+	defer r.running.Store(false)
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	wg.Go(func() { r.heartbeatLoop(ctx) })
+	wg.Go(func() { r.sweepLoop(ctx) })
+
+	err := r.stream(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// stream runs replication sessions one after the other until ctx ends.
+func (r *Relay) stream(ctx context.Context) error {
+	backoff := r.cfg.RetryMin
+	var standby, waitingForNATS bool
+	for {
+		streamed, err := r.session(ctx, &standby)
+		r.active.Store(false)
+		r.metrics.active.Set(0)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fatal *fatalError
+		if errors.As(err, &fatal) {
+			return err
+		}
+		if streamed {
+			backoff = r.cfg.RetryMin
+		}
+		delay := backoff
+		switch {
+		case errors.Is(err, errSlotActive):
+			if !standby {
+				r.log.Info().Str("slot", r.cfg.Slot).Dur("retry_every", r.cfg.StandbyRetry).
+					Msg("standby: the slot is held by another relay")
+			}
+			standby = true
+			delay = r.cfg.StandbyRetry
+		case errors.Is(err, errNATSDown):
+			if !waitingForNATS {
+				r.log.Warn().Msg("NATS unavailable; waiting for it, confirming nothing meanwhile")
+			}
+			waitingForNATS = true
+		default:
+			r.log.Warn().Err(err).Dur("retry_in", delay).Msg("replication stopped; resuming from the slot")
+		}
+		if !errors.Is(err, errNATSDown) {
+			waitingForNATS = false
+		}
+		if !standby {
+			backoff = min(backoff*2, r.cfg.RetryMax)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// session is one replication connection, from START_REPLICATION to its end.
+type session struct {
+	r       *Relay
+	conn    *pgconn.PgConn
+	js      jetstream.JetStream
+	tracker *tracker
+	decoder *outboxDecoder
+
+	cur        *txn          // the transaction being decoded
+	received   pglogrepl.LSN // highest WAL position received
+	reported   pglogrepl.LSN // last confirmed position sent
+	nextStatus time.Time
+
+	acks    chan pendingAck
+	ackDone chan struct{}
+	ackErr  error // set by the ack goroutine before it closes ackDone
+}
+
+// pendingAck is one published event waiting for JetStream.
+type pendingAck struct {
+	future  jetstream.PubAckFuture
+	txn     *txn
+	trigger batonnats.Trigger
+}
+
+// session opens the slot and streams until an error or the end of ctx.
+// streamed reports whether it got as far as streaming.
+func (r *Relay) session(ctx context.Context, standby *bool) (streamed bool, err error) {
+	if !r.nc.IsConnected() {
+		return false, errNATSDown
+	}
+	if _, err := batonnats.EnsureStream(ctx, r.api, r.cfg.Stream); err != nil {
+		return false, err
+	}
+	if err := r.ensurePublication(ctx); err != nil {
+		return false, err
+	}
+	if err := r.ensureSlot(ctx); err != nil {
+		return false, err
+	}
+
+	connectCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	conn, err := pgconn.ConnectConfig(connectCtx, r.repl)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("open replication connection: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			"publication_names '" + r.cfg.Publication + "'",
+			"messages 'true'",
+		},
+	})
+	if pgCode(err) == pgObjectInUse {
+		return false, errSlotActive
+	}
+	if err != nil {
+		return false, fmt.Errorf("start replication on slot %s: %w", r.cfg.Slot, err)
+	}
+	// Read the slot's position only now that this relay holds it: nobody
+	// else can move it any more.
+	slot, err := r.inspectSlot(ctx)
+	if err != nil {
+		return false, err
+	}
+	if *standby {
+		r.log.Info().Str("slot", r.cfg.Slot).Str("confirmed_lsn", slot.confirmed.String()).Msg("took over the slot")
+		*standby = false
+	} else {
+		r.log.Info().Str("slot", r.cfg.Slot).Str("confirmed_lsn", slot.confirmed.String()).Msg("connected; streaming")
+	}
+	r.active.Store(true)
+	r.metrics.active.Set(1)
+	r.metrics.confirmedLSN.Set(float64(slot.confirmed))
+
+	js, err := jetstream.New(r.nc,
+		jetstream.WithPublishAsyncTimeout(r.cfg.AckTimeout),
+		// The relay bounds what is in flight itself; JetStream's own bound
+		// only has to stay out of the way.
+		jetstream.WithPublishAsyncMaxPending(2*r.cfg.MaxInFlight+16))
+	if err != nil {
+		return true, err
+	}
+	s := &session{
+		r:          r,
+		conn:       conn,
+		js:         js,
+		tracker:    newTracker(slot.confirmed),
+		decoder:    newOutboxDecoder(),
+		reported:   slot.confirmed,
+		received:   slot.confirmed,
+		nextStatus: time.Now().Add(r.cfg.StatusInterval),
+		acks:       make(chan pendingAck, r.cfg.MaxInFlight),
+		ackDone:    make(chan struct{}),
+	}
+	ackCtx, stopAcks := context.WithCancel(context.WithoutCancel(ctx))
+	go s.ackLoop(ackCtx)
+	defer func() {
+		stopAcks()
+		<-s.ackDone
+		js.CleanupPublisher()
+		r.metrics.inFlight.Set(0)
+	}()
+
+	err = s.receive(ctx)
+	if ctx.Err() == nil {
+		return true, err
+	}
+	// Shutting down: stop reading, let the events in flight be
+	// acknowledged (or time out), and confirm what was.
+	close(s.acks)
+	select {
+	case <-s.ackDone:
+	case <-time.After(r.cfg.AckTimeout + time.Second):
+	}
+	if err := s.sendStatus(); err != nil {
+		r.log.Warn().Err(err).Msg("final status update failed; the slot resends from its last position")
+	} else {
+		r.log.Info().Str("confirmed_lsn", s.reported.String()).Msg("stopped; confirmed what JetStream acknowledged")
+	}
+	return true, nil
+}
+
+// receive reads the replication stream until an error or ctx ends.
+func (s *session) receive(ctx context.Context) error {
+	for {
+		select {
+		case <-s.ackDone:
+			return s.ackErr
+		default:
+		}
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
+		}
+		deadline := s.nextStatus
+		if s.tracker.InFlight() > 0 {
+			// Look at the ack goroutine often: a failed publication must
+			// restart the stream without waiting for the next status.
+			if soon := time.Now().Add(100 * time.Millisecond); soon.Before(deadline) {
+				deadline = soon
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			// Checked first: pgconn reports a context that was already
+			// done as a timeout too.
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from slot %s: %w", s.r.cfg.Slot, err)
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if err := s.copyData(ctx, msg.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("slot %s: %w", s.r.cfg.Slot, pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("slot %s: the server ended the stream", s.r.cfg.Slot)
+		default:
+			// Notices and parameter updates need no answer.
+		}
+	}
+}
+
+func (s *session) copyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return fmt.Errorf("%w: empty CopyData", ErrMalformed)
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		if ka.ReplyRequested {
+			// The server is about to give up on this connection.
+			return s.sendStatus()
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		s.received = max(s.received, x.WALStart)
+		return s.handle(ctx, x.WALData)
+	default:
+		return nil
+	}
+}
+
+// handle acts on one pgoutput message.
+func (s *session) handle(ctx context.Context, data []byte) error {
+	m, err := parseWALMessage(data)
+	if err != nil {
+		return err
+	}
+	switch m := m.(type) {
+	case beginMessage:
+		if s.cur != nil {
+			return fmt.Errorf("%w: begin inside a transaction", ErrMalformed)
+		}
+		s.cur = s.tracker.begin(m.CommitTime)
+	case commitMessage:
+		if s.cur == nil {
+			return fmt.Errorf("%w: commit outside a transaction", ErrMalformed)
+		}
+		s.tracker.commit(s.cur, m.EndLSN)
+		s.cur = nil
+	case relationMessage:
+		return s.decoder.relation(m)
+	case insertMessage:
+		if s.cur == nil {
+			return fmt.Errorf("%w: insert outside a transaction", ErrMalformed)
+		}
+		t, ok, err := s.decoder.trigger(m)
+		if err != nil || !ok {
+			return err
+		}
+		return s.publish(ctx, s.cur, t)
+	case logicalMessage:
+		return s.logical(ctx, m)
+	}
+	return nil
+}
+
+func (s *session) logical(ctx context.Context, m logicalMessage) error {
+	switch m.Prefix {
+	case AnnouncePrefix:
+		a, err := ParseAnnouncement(m.Content)
+		if err != nil {
+			// Retrying cannot repair a committed payload; the sweeper
+			// announces the rows again if they stay pending.
+			s.r.log.Error().Err(err).Str("lsn", m.LSN.String()).Msg("skipping an announcement that cannot be decoded")
+			return nil
+		}
+		x := s.cur
+		if x == nil {
+			x = s.tracker.begin(time.Now())
+		}
+		for _, t := range a.Triggers {
+			if t.Reason == "" {
+				t.Reason = a.Reason
+			}
+			if t.OutboxID <= 0 || t.ConversationID == "" {
+				s.r.log.Error().Int64("outbox_id", t.OutboxID).Msg("skipping an announced trigger without outbox or conversation id")
+				continue
+			}
+			if err := s.publish(ctx, x, t); err != nil {
+				return err
+			}
+		}
+		if s.cur == nil {
+			s.tracker.commit(x, m.LSN)
+		}
+	case HeartbeatPrefix:
+		if s.cur == nil {
+			// Nothing of the outbox lies between the last transaction and
+			// the heartbeat: once everything before it is acknowledged,
+			// its position can be confirmed.
+			s.tracker.commit(s.tracker.begin(time.Time{}), m.LSN)
+		}
+	}
+	return nil
+}
+
+// publish sends one event and hands its future to the ack goroutine,
+// blocking while MaxInFlight events are unacknowledged.
+func (s *session) publish(ctx context.Context, x *txn, t batonnats.Trigger) error {
+	msg, err := t.Msg(s.r.cfg.Stream.SubjectPrefix, s.r.cfg.Stream.Partitions)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-s.ackDone:
+		return s.ackErr
+	default:
+	}
+	fut, err := s.js.PublishMsgAsync(msg)
+	if err != nil {
+		s.r.metrics.publishErrors.Inc()
+		return fmt.Errorf("publish outbox row %d: %w", t.OutboxID, err)
+	}
+	s.tracker.add(x)
+	s.r.metrics.inFlight.Inc()
+	select {
+	case s.acks <- pendingAck{future: fut, txn: x, trigger: t}:
+		return nil
+	case <-s.ackDone:
+		return s.ackErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ackLoop waits for acknowledgements in publication order. The first
+// failure ends it: the session then restarts from the slot, and nothing
+// after the failed event is confirmed.
+func (s *session) ackLoop(ctx context.Context) {
+	defer close(s.ackDone)
+	m := s.r.metrics
+	for {
+		var p pendingAck
+		select {
+		case next, ok := <-s.acks:
+			if !ok {
+				return
+			}
+			p = next
+		case <-ctx.Done():
+			s.ackErr = ctx.Err()
+			return
+		}
+		select {
+		case <-p.future.Ok():
+			now := time.Now()
+			s.tracker.acked(p.txn)
+			m.inFlight.Dec()
+			m.published.WithLabelValues(string(p.trigger.Reason)).Inc()
+			if !p.txn.commitTime.IsZero() {
+				m.ackLatency.Observe(now.Sub(p.txn.commitTime).Seconds())
+			}
+			if s.r.onAck != nil {
+				s.r.onAck(p.trigger, p.txn.commitTime, now)
+			}
+		case err := <-p.future.Err():
+			m.publishErrors.Inc()
+			s.ackErr = fmt.Errorf("JetStream did not acknowledge outbox row %d: %w", p.trigger.OutboxID, err)
+			return
+		case <-ctx.Done():
+			s.ackErr = ctx.Err()
+			return
+		}
+	}
+}
+
+// sendStatus reports the confirmed position. Write is what was received;
+// flush and apply are what JetStream acknowledged, which is all the slot
+// uses: PostgreSQL may drop WAL before it.
+func (s *session) sendStatus() error {
+	confirmed := s.tracker.Confirmed()
+	if confirmed < s.reported {
+		confirmed = s.reported // never backwards
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(s.received, confirmed),
+		WALFlushPosition: confirmed,
+		WALApplyPosition: confirmed,
+	})
+	s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
+	if err != nil {
+		return fmt.Errorf("send status update to slot %s: %w", s.r.cfg.Slot, err)
+	}
+	if confirmed != s.reported {
+		s.r.log.Debug().Str("confirmed_lsn", confirmed.String()).Msg("confirmed")
+	}
+	s.reported = confirmed
+	s.r.metrics.confirmedLSN.Set(float64(confirmed))
+	return nil
+}

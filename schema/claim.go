@@ -1,0 +1,288 @@
+package schema
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Errors of the turn lifecycle. Claim, finalize and lease renewal translate
+// the state they find into these, so a consumer decides on domain terms.
+var (
+	// ErrConversationBusy: a live run holds the conversation's lease. The
+	// trigger must be delayed and looked at again, never dropped.
+	ErrConversationBusy = errors.New("conversation is owned by another run")
+	// ErrConversationDeleted: the conversation is gone, with its rows; the
+	// turn is cancelled and its result discarded.
+	ErrConversationDeleted = errors.New("conversation was deleted")
+	// ErrLeaseLost: the run no longer owns the conversation (its lease
+	// expired and was recovered). Finalize is fenced by this.
+	ErrLeaseLost = errors.New("run no longer owns the conversation")
+)
+
+// TurnID is the logical turn of a set of outbox rows: the same rows always
+// make the same turn, whichever run or attempt claims them, which is what
+// makes the reply ID deterministic.
+func TurnID(outboxIDs []int64) string {
+	ids := slices.Clone(outboxIDs)
+	slices.Sort(ids)
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return "turn_" + hex.EncodeToString(sum[:16])
+}
+
+// ReplyMessageID is the ID of a turn's assistant reply. A unique key on
+// messages.id makes a second reply for one turn impossible.
+func ReplyMessageID(turnID string) string { return "reply_" + strings.TrimPrefix(turnID, "turn_") }
+
+// ErrorMessageID is the ID of a turn's visible error message.
+func ErrorMessageID(turnID string) string { return "error_" + strings.TrimPrefix(turnID, "turn_") }
+
+// ClaimParams say who claims which conversation for how long.
+type ClaimParams struct {
+	ConversationID string
+	// RunID names this attempt; it owns the lease, the rows and the
+	// operations of the turn.
+	RunID string
+	// Worker names the process, for agent_runs.
+	Worker string
+	// Lease is how long the claim holds without renewal.
+	Lease time.Duration
+	// MaxAttempts caps attempts when an expired run is recovered inline.
+	MaxAttempts int
+}
+
+// Claim is the outcome of ClaimTx.
+type Claim struct {
+	RunID          string
+	ConversationID string
+	// TurnID is derived from OutboxIDs (see TurnID).
+	TurnID string
+	// OutboxIDs are the exact rows of the turn, ascending: the claimed set
+	// defines the turn, not "whatever is pending now".
+	OutboxIDs []int64
+	// Attempts is the highest attempt count among the rows, this attempt
+	// included.
+	Attempts int
+	// FirstCreatedAt is when the oldest row of the turn was inserted.
+	FirstCreatedAt time.Time
+	LeaseExpiresAt time.Time
+	// Recovered is set when an expired run held the conversation and was
+	// recovered inside this claim's transaction.
+	Recovered *Recovery
+}
+
+// Empty reports whether nothing was claimed: no pending rows.
+func (c Claim) Empty() bool { return len(c.OutboxIDs) == 0 }
+
+// BusyError is ErrConversationBusy with the owner and its lease.
+type BusyError struct {
+	RunID          string
+	LeaseExpiresAt time.Time
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("%s: run %s until %s", ErrConversationBusy, e.RunID, e.LeaseExpiresAt.Format(time.RFC3339Nano))
+}
+
+func (e *BusyError) Unwrap() error { return ErrConversationBusy }
+
+// ClaimTx claims a conversation's pending rows for one run, in the caller's
+// transaction: it takes the conversation lease if no live run holds it
+// (recovering an expired holder inline, by the rule of RecoverRunTx), marks
+// every pending row processing with attempts+1 and the run ID, and records
+// the run in agent_runs. The caller commits, also when the claim is Empty
+// (an inline recovery may have changed rows).
+//
+// A live owner is a *BusyError (errors.Is ErrConversationBusy); a missing
+// conversation is ErrConversationDeleted.
+func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
+	if p.Lease <= 0 {
+		return Claim{}, errors.New("claim: lease must be positive")
+	}
+	// The row lock serializes claims, finalizes and recoveries of one
+	// conversation across processes: a plain select followed by an update
+	// would let two workers take the same rows.
+	var owner *string
+	var expires *time.Time
+	var expired bool
+	err := tx.QueryRow(ctx, `
+		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false)
+		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claim{}, ErrConversationDeleted
+	}
+	if err != nil {
+		return Claim{}, fmt.Errorf("claim: lock conversation: %w", err)
+	}
+	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
+	if owner != nil {
+		if !expired {
+			return Claim{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
+		}
+		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts)
+		if err != nil {
+			return Claim{}, err
+		}
+		c.Recovered = &rec
+	}
+	rows, err := tx.Query(ctx, `
+		UPDATE agent_outbox
+		SET status = 'processing', attempts = attempts + 1, run_id = $2
+		WHERE conversation_id = $1 AND status = 'pending'
+		RETURNING id, attempts, created_at`, p.ConversationID, p.RunID)
+	if err != nil {
+		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
+	}
+	for rows.Next() {
+		var id int64
+		var attempts int
+		var created time.Time
+		if err := rows.Scan(&id, &attempts, &created); err != nil {
+			rows.Close()
+			return Claim{}, err
+		}
+		c.OutboxIDs = append(c.OutboxIDs, id)
+		c.Attempts = max(c.Attempts, attempts)
+		if c.FirstCreatedAt.IsZero() || created.Before(c.FirstCreatedAt) {
+			c.FirstCreatedAt = created
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
+	}
+	if c.Empty() {
+		return c, nil
+	}
+	slices.Sort(c.OutboxIDs)
+	c.TurnID = TurnID(c.OutboxIDs)
+	// clock_timestamp, not now(): the transaction may have waited for the
+	// conversation lock behind the previous run's finalize, and the record
+	// of runs must show that this one started after that one ended.
+	err = tx.QueryRow(ctx, `
+		WITH lease AS (
+			UPDATE conversations
+			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+			WHERE id = $1
+			RETURNING lease_expires_at)
+		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
+		SELECT $2, $1, $4, $5, $6, clock_timestamp(), lease_expires_at FROM lease
+		RETURNING lease_expires_at`,
+		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker).Scan(&c.LeaseExpiresAt)
+	if err != nil {
+		return Claim{}, fmt.Errorf("claim: take lease and record run: %w", err)
+	}
+	return c, nil
+}
+
+// RenewLease extends a run's lease. It returns ErrLeaseLost when the run no
+// longer owns the conversation, and ErrConversationDeleted when the
+// conversation is gone.
+func RenewLease(ctx context.Context, db Executor, conversationID, runID string, lease time.Duration) (time.Time, error) {
+	var until time.Time
+	err := db.QueryRow(ctx, `
+		WITH lease AS (
+			UPDATE conversations SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+			WHERE id = $1 AND run_id = $2
+			RETURNING lease_expires_at),
+		run AS (
+			UPDATE agent_runs SET lease_expires_at = (SELECT lease_expires_at FROM lease)
+			WHERE id = $2 AND EXISTS (SELECT 1 FROM lease))
+		SELECT lease_expires_at FROM lease`, conversationID, runID, lease.Seconds()).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, ownershipError(ctx, db, conversationID)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("renew lease: %w", err)
+	}
+	return until, nil
+}
+
+// ownershipError says why a fenced statement matched nothing.
+func ownershipError(ctx context.Context, db Executor, conversationID string) error {
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM conversations WHERE id = $1)`, conversationID).Scan(&exists); err != nil {
+		return fmt.Errorf("check conversation: %w", err)
+	}
+	if !exists {
+		return ErrConversationDeleted
+	}
+	return ErrLeaseLost
+}
+
+// TurnInput is the content of a claimed turn.
+type TurnInput struct {
+	// Messages are the user messages of the claimed rows, in order.
+	Messages []Message
+	// History is what the conversation said before the turn, oldest first,
+	// at most the requested number of messages: replies, errors and the
+	// user messages of earlier turns, never those waiting for a later turn.
+	History []Message
+}
+
+// LoadTurn loads the messages of exactly the claimed outbox rows, and up to
+// historyLimit earlier messages of the conversation.
+func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs []int64, historyLimit int) (TurnInput, error) {
+	var in TurnInput
+	rows, err := db.Query(ctx, `
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		FROM agent_outbox o JOIN messages m ON m.id = o.message_id
+		WHERE o.id = ANY($1) AND o.conversation_id = $2
+		ORDER BY m.seq`, outboxIDs, conversationID)
+	if err != nil {
+		return in, fmt.Errorf("load turn messages: %w", err)
+	}
+	in.Messages, err = scanMessages(rows)
+	if err != nil {
+		return in, fmt.Errorf("load turn messages: %w", err)
+	}
+	if len(in.Messages) == 0 {
+		return in, ErrConversationDeleted
+	}
+	if historyLimit <= 0 {
+		return in, nil
+	}
+	rows, err = db.Query(ctx, `
+		SELECT id, conversation_id, role, content, created_at, seq FROM (
+			SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
+			WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error'))
+			ORDER BY m.seq DESC LIMIT $2) h
+		ORDER BY seq`, conversationID, historyLimit)
+	if err != nil {
+		return in, fmt.Errorf("load history: %w", err)
+	}
+	in.History, err = scanMessages(rows)
+	if err != nil {
+		return in, fmt.Errorf("load history: %w", err)
+	}
+	return in, nil
+}
+
+func scanMessages(rows pgx.Rows) ([]Message, error) {
+	defer rows.Close()
+	var out []Message
+	for rows.Next() {
+		var m Message
+		if err := rows.Scan(&m.ID, &m.ConversationID, &m.Role, &m.Content, &m.CreatedAt, &m.Seq); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}

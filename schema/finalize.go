@@ -1,0 +1,208 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Finalize is the end of a successful turn.
+type Finalize struct {
+	ConversationID string
+	RunID          string
+	TurnID         string
+	OutboxIDs      []int64
+	// Content of the assistant reply.
+	Content string
+}
+
+// Finalized says what FinalizeTx committed.
+type Finalized struct {
+	// MessageID is the reply's ID, derived from the turn.
+	MessageID string
+	// Operations is how many of the run's operations were attached to it.
+	Operations int64
+}
+
+// FinalizeTx ends a turn in the caller's transaction, all or nothing: the
+// assistant reply (ID derived from the turn, so a redelivered trigger can
+// never add a second one), the run's operations attached to it by run ID,
+// the claimed rows done, the conversation's ordering and unread metadata,
+// the lease released and the run recorded as finalized.
+//
+// It commits only while the run still owns the conversation (fencing):
+// otherwise ErrLeaseLost, and the caller rolls back. A conversation deleted
+// mid-turn fails the reply's foreign key: ErrConversationDeleted, which is a
+// cancellation.
+func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error) {
+	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
+	// The reply goes first, as the reference has it: its foreign key is
+	// what notices a deleted conversation, and it takes the key-share lock
+	// that keeps the conversation from being deleted until commit.
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO messages (id, conversation_id, role, content, run_id, turn_id)
+		VALUES ($1, $2, 'assistant', $3, $4, $5)`,
+		out.MessageID, f.ConversationID, f.Content, f.RunID, f.TurnID); err != nil {
+		switch {
+		case IsForeignKeyViolation(err):
+			return Finalized{}, ErrConversationDeleted
+		case IsUniqueViolation(err):
+			// Only a finalize of the same turn can have written this ID,
+			// and that one released the rows: this run lost them.
+			return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
+		}
+		return Finalized{}, fmt.Errorf("finalize: insert reply: %w", err)
+	}
+	if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "done", true); err != nil {
+		return Finalized{}, err
+	}
+	tag, err := tx.Exec(ctx, `UPDATE operations SET message_id = $1 WHERE run_id = $2 AND message_id IS NULL`, out.MessageID, f.RunID)
+	if err != nil {
+		return Finalized{}, fmt.Errorf("finalize: attach operations: %w", err)
+	}
+	out.Operations = tag.RowsAffected()
+	if _, err := tx.Exec(ctx, `
+		UPDATE agent_runs SET status = 'finalized', reply_message_id = $2, finished_at = clock_timestamp()
+		WHERE id = $1`, f.RunID, out.MessageID); err != nil {
+		return Finalized{}, fmt.Errorf("finalize: record run: %w", err)
+	}
+	return out, nil
+}
+
+// releaseTx releases a run's conversation and moves its claimed rows to
+// status, fenced by the run ID: when the conversation is no longer owned by
+// runID, or any row is no longer processing for it, nothing must commit.
+// With touch, the conversation's ordering and unread metadata count a new
+// visible message.
+func releaseTx(ctx context.Context, tx Executor, conversationID, runID string, outboxIDs []int64, status string, touch bool) error {
+	q := `UPDATE conversations SET run_id = NULL, lease_expires_at = NULL`
+	if touch {
+		q += `, updated_at = now(), last_message_at = now(), unread_count = unread_count + 1`
+	}
+	tag, err := tx.Exec(ctx, q+` WHERE id = $1 AND run_id = $2`, conversationID, runID)
+	if err != nil {
+		return fmt.Errorf("release conversation: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ownershipError(ctx, tx, conversationID)
+	}
+	processedAt := "NULL"
+	if status == "done" || status == "error" {
+		processedAt = "now()"
+	}
+	tag, err = tx.Exec(ctx, `
+		UPDATE agent_outbox SET status = $3, processed_at = `+processedAt+`
+		WHERE id = ANY($1) AND run_id = $2 AND status = 'processing'`, outboxIDs, runID, status)
+	if err != nil {
+		return fmt.Errorf("mark rows %s: %w", status, err)
+	}
+	if tag.RowsAffected() != int64(len(outboxIDs)) {
+		return fmt.Errorf("%w: %d of %d claimed rows are still processing for run %s", ErrLeaseLost, tag.RowsAffected(), len(outboxIDs), runID)
+	}
+	return nil
+}
+
+// Failure is a failed attempt at a turn.
+type Failure struct {
+	ConversationID string
+	RunID          string
+	TurnID         string
+	OutboxIDs      []int64
+	// Reason is recorded on the run, and shown to the user when the turn
+	// gives up.
+	Reason string
+	// MaxAttempts caps automatic attempts.
+	MaxAttempts int
+	// Terminal gives up at once, whatever the attempts: a side effect has
+	// happened and repeating the turn could repeat it.
+	Terminal bool
+}
+
+// FailOutcome says what FailAttemptTx committed.
+type FailOutcome struct {
+	// GaveUp is true when the rows became error and a visible error message
+	// was written (ErrorMessageID); false when they went back to pending.
+	GaveUp         bool
+	ErrorMessageID string
+	// RetryIDs are rows back in pending, which the caller announces again
+	// in the same transaction.
+	RetryIDs []int64
+	Attempts int
+}
+
+// FailAttemptTx records a failed attempt in the caller's transaction, fenced
+// like FinalizeTx. Under the attempt cap the rows go back to pending for the
+// caller to announce again; at the cap (or when Terminal) a visible error
+// message joins the conversation, the run's operations are attached to it,
+// and the rows become error. Nothing is deleted.
+func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, error) {
+	var out FailOutcome
+	var writes []string
+	if err := tx.QueryRow(ctx, `
+		SELECT (SELECT COALESCE(max(attempts), 0) FROM agent_outbox WHERE id = ANY($1)),
+			COALESCE((SELECT array_agg(tool ORDER BY id) FROM operations WHERE run_id = $2 AND effect = 'write'), '{}')`,
+		f.OutboxIDs, f.RunID).Scan(&out.Attempts, &writes); err != nil {
+		return out, fmt.Errorf("fail attempt: read attempts: %w", err)
+	}
+	if !f.Terminal && len(writes) > 0 {
+		// A write started in this attempt, and may have taken effect even
+		// if it reported a failure: another attempt could repeat it.
+		f.Terminal = true
+		f.Reason = fmt.Sprintf("The assistant failed after starting the action %q, which may have taken effect; it was not repeated (%s). Check its result, then press Retry or send your message again if needed.", writes[0], f.Reason)
+	}
+	if !f.Terminal && out.Attempts < f.MaxAttempts {
+		if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "pending", false); err != nil {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, `
+			UPDATE agent_runs SET status = 'failed', error = $2, finished_at = clock_timestamp() WHERE id = $1`,
+			f.RunID, f.Reason); err != nil {
+			return out, fmt.Errorf("fail attempt: record run: %w", err)
+		}
+		out.RetryIDs = f.OutboxIDs
+		return out, nil
+	}
+	out.GaveUp = true
+	out.ErrorMessageID = ErrorMessageID(f.TurnID)
+	content := f.Reason
+	if !f.Terminal {
+		content = fmt.Sprintf("The assistant could not answer after %d attempts: %s. Press Retry or send your message again.", out.Attempts, f.Reason)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO messages (id, conversation_id, role, content, run_id, turn_id)
+		VALUES ($1, $2, 'error', $3, $4, $5)`,
+		out.ErrorMessageID, f.ConversationID, content, f.RunID, f.TurnID); err != nil {
+		switch {
+		case IsForeignKeyViolation(err):
+			return out, ErrConversationDeleted
+		case IsUniqueViolation(err):
+			return out, fmt.Errorf("%w: turn %s already has its error", ErrLeaseLost, f.TurnID)
+		}
+		return out, fmt.Errorf("fail attempt: insert error message: %w", err)
+	}
+	if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "error", true); err != nil {
+		return out, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE operations SET message_id = $1 WHERE run_id = $2 AND message_id IS NULL`, out.ErrorMessageID, f.RunID); err != nil {
+		return out, fmt.Errorf("fail attempt: attach operations: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE agent_runs SET status = 'failed', error = $2, reply_message_id = $3, finished_at = clock_timestamp() WHERE id = $1`,
+		f.RunID, f.Reason, out.ErrorMessageID); err != nil {
+		return out, fmt.Errorf("fail attempt: record run: %w", err)
+	}
+	return out, nil
+}
+
+// MarkRun records a run's end when it committed nothing else: cancelled
+// (its conversation was deleted) or abandoned (it lost its lease). A run
+// that recovery already closed keeps that outcome.
+func MarkRun(ctx context.Context, db Executor, runID, status, reason string) error {
+	if status != "cancelled" && status != "abandoned" {
+		return errors.New("mark run: status must be cancelled or abandoned")
+	}
+	_, err := db.Exec(ctx, `
+		UPDATE agent_runs SET status = $2, error = $3, finished_at = clock_timestamp()
+		WHERE id = $1 AND status = 'running'`, runID, status, reason)
+	return err
+}
