@@ -53,6 +53,10 @@ type Response struct {
 	ErrorAfter int
 	// Hang holds the answer until the client gives up on the request.
 	Hang bool
+	// ChunkDelay, for a streamed answer, pauses before each content chunk,
+	// as a model that writes slowly does, so that a client can watch the
+	// reply grow.
+	ChunkDelay time.Duration
 }
 
 // Message is a message of a recorded request.
@@ -242,6 +246,9 @@ func (s *Server) stream(w http.ResponseWriter, res Response, finish string) {
 			fmt.Fprint(w, "data: {\"error\":{\"message\":\"the server is overloaded\",\"type\":\"server_error\"}}\n\n")
 			flusher.Flush()
 			return
+		}
+		if res.ChunkDelay > 0 {
+			time.Sleep(res.ChunkDelay)
 		}
 		send(map[string]any{"content": string(runes[i:min(i+size, len(runes))])}, "")
 	}

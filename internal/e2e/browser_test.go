@@ -14,6 +14,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/stack"
@@ -52,7 +54,7 @@ func findChromium(t *testing.T) string {
 	return ""
 }
 
-func startPage(t *testing.T) *page {
+func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn)) *page {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -66,15 +68,19 @@ func startPage(t *testing.T) *page {
 	_, err = batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
 	require.NoError(t, err)
 
+	wcfg := consumer.Config{
+		MaxAttempts: 2, Lease: 5 * time.Second, RetryDelay: 100 * time.Millisecond,
+		Debounce: 50 * time.Millisecond,
+	}
+	for _, f := range worker {
+		f(&wcfg, nc)
+	}
 	stackDone := make(chan error, 1)
 	go func() {
 		stackDone <- stack.Run(ctx, stack.Config{
 			Pool: db.Pool, NATS: nc,
-			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
-			Worker: consumer.Config{
-				MaxAttempts: 2, Lease: 5 * time.Second, RetryDelay: 100 * time.Millisecond,
-				Debounce: 50 * time.Millisecond,
-			},
+			Relay:  relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
+			Worker: wcfg,
 		})
 	}()
 	t.Cleanup(func() {
@@ -284,4 +290,33 @@ func TestBrowserShowsThinkingOnlyWhileTheTurnRuns(t *testing.T) {
 	p.waitJS("the reply", hasBubble("assistant", "slow one"), 20*time.Second)
 	p.waitJS("thinking gone", `!document.getElementById("thinking")`, 5*time.Second)
 	p.screenshot("after")
+}
+
+func TestBrowserShowsAStreamedReplyAsItGrowsAndAVisibleFailure(t *testing.T) {
+	model := agenttest.NewServer(t,
+		// The first turn: the model server refuses the key, a terminal
+		// failure shown in the conversation.
+		agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"invalid api key","type":"invalid_request_error"}}`},
+		// The second turn: a reply written slowly, streamed to the page.
+		agenttest.Response{
+			Content:    "Outboxes before agents: the message and its trigger commit together, so no turn is lost.",
+			ChunkSize:  4,
+			ChunkDelay: 60 * time.Millisecond,
+		},
+	)
+	p := startPage(t, func(c *consumer.Config, nc *natsclient.Conn) {
+		a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), APIKey: "wrong", Model: "test", Live: nc})
+		require.NoError(t, err)
+		c.Agent = a
+	})
+	p.newConversation("streaming")
+	p.send("Why an outbox?")
+	p.waitJS("the visible failure", `document.querySelectorAll('.msg[data-role=error]').length === 1`, 20*time.Second)
+	p.send("Tell me again, please.")
+	p.waitJS("partial text while the model streams", `[...document.querySelectorAll('.msg.streaming')].some(e => e.textContent.includes("trigger"))`, 20*time.Second)
+	require.False(t, p.js(hasBubble("assistant", "no turn is lost.")), "while streaming, the durable reply is not there yet")
+	p.screenshot("streaming")
+	p.waitJS("the committed reply", hasBubble("assistant", "so no turn is lost."), 20*time.Second)
+	p.waitJS("the streaming preview gone", `document.querySelectorAll('.msg.streaming').length === 0`, 5*time.Second)
+	p.screenshot("replied")
 }
