@@ -24,7 +24,7 @@ type statusCmd struct {
 	config.Replication
 	JSON          bool          `name:"json" help:"Print the report as JSON."`
 	MaxLag        int64         `name:"max-lag-bytes" env:"BATON_STATUS_MAX_LAG_BYTES" help:"Slot lag (bytes) above which the relay needs attention." default:"67108864"`
-	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"60s"`
+	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"60s"`
 }
 
 func (c *statusCmd) Run(ctx context.Context, env *Env) error {
