@@ -295,8 +295,8 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	refused := agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"Incorrect API key provided: sk-te***st","type":"invalid_request_error","code":"invalid_api_key"}}`}
-	// Until the turn runner gives up at once on a terminal error, it
-	// retries up to its attempt cap.
+	// The script would allow three attempts; a refused key must end the
+	// turn after the first.
 	model := agenttest.NewServer(t, refused, refused, refused)
 	reg := agent.NewRegistry()
 	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
@@ -314,6 +314,8 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	require.NotContains(t, content, "sk-te", "the visible error must not quote the key")
 	require.Equal(t, 0, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-401' AND role = 'assistant'`))
 	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-401' AND status = 'error'`))
+	require.Len(t, model.Requests(), 1, "a refused key is terminal: no second attempt")
+	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = 'conv-401'`))
 }
 
 func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T) {

@@ -1,0 +1,81 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/testenv"
+	"github.com/batonhq/baton/schema"
+)
+
+// A real `baton worker --agent openai` process dies (like SIGKILL) right
+// after its write tool completed; a fresh worker must fail the turn
+// visibly and never run the write again.
+func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *testing.T) {
+	t.Parallel()
+	bin := testenv.BatonBinary(t)
+	s := newStack(t)
+	hook := newReceiver(t)
+	model := agenttest.NewServer(t,
+		agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "call_hook", Name: "webhook", Arguments: `{"payload":{"ticket":"printer on fire"}}`}}},
+		// Never asked for: the turn must not go on after the crash.
+		agenttest.Response{Content: "Ticket opened."},
+	)
+
+	cmd := exec.Command(bin, "worker", "--agent", "openai",
+		"--model-base-url", model.BaseURL(), "--model", "test", "--model-api-key", "k",
+		"--tool-webhook-url", hook.URL,
+		"--database-url", s.db.URL, "--nats-url", s.nc.ConnectedUrl(),
+		"--stream", s.stream.Name, "--subject-prefix", s.stream.SubjectPrefix,
+		"--partitions", strconv.Itoa(s.stream.Partitions),
+		"--lease", "1s", "--ack-wait", "1s", "--debounce", "0", "--log-format", "json")
+	cmd.Env = append(os.Environ(), consumer.CrashEnv+"="+consumer.CrashAfterTool)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	s.send("conv-kill", "m1", "my printer is on fire, open a ticket")
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee), "worker ended with %v; stderr:\n%s", err, stderr.String())
+		ws := ee.Sys().(syscall.WaitStatus)
+		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the worker dies like SIGKILL after the tool; stderr:\n%s", stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker did not reach the crash point; stderr:\n%s", stderr.String())
+	}
+	deliveries, applied := hook.snapshot()
+	require.NotEmpty(t, deliveries, "the write ran before the crash")
+
+	reg, err := agent.Builtins{WebhookURL: hook.URL}.Registry()
+	require.NoError(t, err)
+	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
+	s.startWorker(a, reg, nil)
+	failed := s.await("conv-kill", consumer.StateReplied, consumer.StateFailed)
+	require.Equal(t, consumer.StateFailed, failed.State, "an attempt that completed a write is not re-run")
+
+	var content string
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1 AND role = $2`, failed.MessageID, schema.RoleError).Scan(&content))
+	require.Contains(t, content, `"webhook"`, "the error names the action that may have taken effect")
+	require.Len(t, model.Requests(), 1, "no model call after the crash")
+	after, appliedAfter := hook.snapshot()
+	require.Equal(t, deliveries, after, "the write was not sent again")
+	require.Equal(t, applied, appliedAfter)
+	require.Equal(t, 1, s.count(`SELECT count(*) FROM operations WHERE tool = 'webhook' AND effect = 'write'`))
+	require.Zero(t, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-kill' AND role = 'assistant'`))
+}
