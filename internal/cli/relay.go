@@ -2,16 +2,12 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/relay"
@@ -89,27 +85,11 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	}
 
 	if c.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", c.MetricsAddr)
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {
-			return &UsageError{Err: fmt.Errorf("--metrics-addr / BATON_METRICS_ADDR %q: %w", c.MetricsAddr, err)}
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error().Err(err).Msg("metrics server stopped")
-			}
-		}()
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-			<-served
-		}()
-		log.Info().Str("addr", ln.Addr().String()).Msg("serving metrics at /metrics")
+		defer stop()
 	}
 
 	log.Info().Str("slot", cfg.Slot).Str("publication", cfg.Publication).Str("stream", cfg.Stream.Name).Msg("relay starting")

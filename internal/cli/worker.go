@@ -2,10 +2,7 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -13,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/consumer"
@@ -146,24 +142,11 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 
 	if c.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", c.MetricsAddr)
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {
-			return &UsageError{Err: fmt.Errorf("--metrics-addr / BATON_METRICS_ADDR %q: %w", c.MetricsAddr, err)}
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-			if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Warn().Err(err).Msg("metrics server")
-			}
-		}()
-		log.Info().Str("metrics_addr", ln.Addr().String()).Msg("serving metrics")
+		defer stop()
 	}
 	return w.Run(ctx)
 }
