@@ -87,20 +87,31 @@ func (s *Server) notFound(w http.ResponseWriter, cid string) {
 	writeError(w, http.StatusNotFound, "not_found", "no conversation "+strconv.Quote(cid)+" for this user")
 }
 
+// failed writes the response for a failed conversation operation: 404 for
+// an unknown or someone else's conversation, 500 otherwise. It reports
+// whether err was an error.
+func (s *Server) failed(w http.ResponseWriter, r *http.Request, cid string, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, schema.ErrNotFound):
+		s.notFound(w, cid)
+	default:
+		s.internalError(w, r, err)
+	}
+	return true
+}
+
 func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
 		return
 	}
 	c, err := schema.GetConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
-	switch {
-	case errors.Is(err, schema.ErrNotFound):
-		s.notFound(w, cid)
-	case err != nil:
-		s.internalError(w, r, err)
-	default:
-		writeJSON(w, http.StatusOK, c)
+	if s.failed(w, r, cid, err) {
+		return
 	}
+	writeJSON(w, http.StatusOK, c)
 }
 
 func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
@@ -109,15 +120,11 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := schema.DeleteConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
-	switch {
-	case errors.Is(err, schema.ErrNotFound):
-		s.notFound(w, cid)
-	case err != nil:
-		s.internalError(w, r, err)
-	default:
-		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventDeleted, ConversationID: cid}, "")
-		w.WriteHeader(http.StatusNoContent)
+	if s.failed(w, r, cid, err) {
+		return
 	}
+	s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventDeleted, ConversationID: cid}, "")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
@@ -126,14 +133,10 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := schema.MarkRead(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
-	switch {
-	case errors.Is(err, schema.ErrNotFound):
-		s.notFound(w, cid)
-	case err != nil:
-		s.internalError(w, r, err)
-	default:
-		w.WriteHeader(http.StatusNoContent)
+	if s.failed(w, r, cid, err) {
+		return
 	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // retryFailed gives a conversation's failed turn another round of

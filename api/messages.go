@@ -90,12 +90,8 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
-	switch {
-	case errors.Is(err, schema.ErrNotFound):
-		s.notFound(w, cid)
-	case err != nil:
-		s.internalError(w, r, err)
-	default:
-		writeJSON(w, http.StatusOK, map[string]any{"messages": msgs})
+	if s.failed(w, r, cid, err) {
+		return
 	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": msgs})
 }
