@@ -36,6 +36,7 @@ type apiCmd struct {
 	config.Database
 	config.NATS
 	httpOptions
+	Replicas int `name:"replicas" env:"BATON_REPLICAS" help:"Stream replicas, here of the conversation events stream (the same setting as the relay's)." default:"${replicas}"`
 }
 
 func (c *apiCmd) Run(ctx context.Context, env *Env) error {
@@ -53,7 +54,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer ln.Close()
-	nc, js, closeNATS, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{}, log)
+	nc, js, closeNATS, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{Replicas: c.Replicas}, log)
 	if err != nil {
 		return &UsageError{Err: err}
 	}
@@ -61,6 +62,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	srv, err := api.New(api.Config{
 		JetStream:       js,
 		NATS:            nc,
+		Events:          batonnats.EventsConfig{Replicas: c.Replicas},
 		Pool:            pool,
 		MaxContentBytes: c.MaxContentBytes,
 		Log:             log,
