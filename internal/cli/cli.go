@@ -60,6 +60,8 @@ type root struct {
 	Relay      relayCmd      `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
 	Worker     workerCmd     `cmd:"" help:"Run agent turns from the outbox stream."`
 	Status     statusCmd     `cmd:"" help:"Show the slot, the stream, consumer groups, outbox rows and leases; exit 3 when something needs attention."`
+	Group      groupCmd      `cmd:"" help:"Run a built-in consumer group (audit, webhook) on the outbox stream."`
+	Replay     replayCmd     `cmd:"" help:"Replay a consumer group from the stream's retention: --all, --from-seq, --since or --at; --dry-run counts."`
 	Dev        devCmd        `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
 	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
 	Version    versionCmd    `cmd:"" help:"Print the version."`

@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 
@@ -13,6 +16,7 @@ import (
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
@@ -119,9 +123,13 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if _, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{Replicas: c.Replicas}); err != nil {
 		return err
 	}
+	// One registry per run, served by the API's /metrics: every part's
+	// metrics in one place.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := api.New(api.Config{
 		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
-		Registerer: prometheus.DefaultRegisterer, Gatherer: prometheus.DefaultGatherer,
+		Registerer: reg, Gatherer: reg,
 		JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
 	})
 	if err != nil {
@@ -136,9 +144,9 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 			Events: batonnats.EventsConfig{Replicas: c.Replicas},
 			Relay: relay.Config{
 				Stream: c.Stream.StreamConfig(), Slot: c.Slot, Publication: c.Publication,
-				Registerer: prometheus.DefaultRegisterer,
+				Registerer: reg,
 			},
-			Worker: consumer.Config{Registerer: prometheus.DefaultRegisterer},
+			Worker: consumer.Config{Registerer: reg},
 		})
 	})
 
@@ -156,14 +164,31 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 // startPostgres creates (first time) and starts the local cluster, and
 // makes sure the baton database exists.
 func (c *devCmd) startPostgres(ctx context.Context, log zerolog.Logger) (*pgcluster.Cluster, error) {
-	cl, err := pgcluster.New(pgcluster.Options{Dir: filepath.Join(c.Dir, "pg"), Port: c.PGPort, Durable: true})
-	if err != nil {
-		return nil, err
-	}
-	if os.Geteuid() == 0 {
+	dataDir := filepath.Join(c.Dir, "pg")
+	if uid, gid, asPostgres := pgcluster.ServerUser(); asPostgres {
 		// The server runs as the postgres user and must reach its folder.
 		abs, _ := filepath.Abs(c.Dir)
 		_ = os.Chmod(abs, 0o755)
+		if !pgcluster.Reachable(dataDir, uid, gid) {
+			// A checkout under a private folder (such as /root): keep the
+			// cluster where the postgres user can reach it, at a path
+			// derived from --dir so that a restart finds it again.
+			sum := sha256.Sum256([]byte(abs))
+			home := os.TempDir()
+			if u, err := user.Lookup("postgres"); err == nil && u.HomeDir != "" && pgcluster.Reachable(filepath.Join(u.HomeDir, "x"), uid, gid) {
+				home = u.HomeDir
+			}
+			dataDir = filepath.Join(home, "baton-dev-"+hex.EncodeToString(sum[:6]), "pg")
+			if err := os.MkdirAll(filepath.Dir(dataDir), 0o755); err != nil {
+				return nil, err
+			}
+			_ = os.Chmod(filepath.Dir(dataDir), 0o755)
+			log.Info().Str("dir", dataDir).Msg("the postgres user cannot reach --dir; keeping the local cluster here instead")
+		}
+	}
+	cl, err := pgcluster.New(pgcluster.Options{Dir: dataDir, Port: c.PGPort, Durable: true})
+	if err != nil {
+		return nil, err
 	}
 	if !cl.Initialized() {
 		log.Info().Str("dir", cl.Dir()).Msg("creating local PostgreSQL cluster")

@@ -372,3 +372,55 @@ func (c *Cluster) Running() bool {
 	defer c.mu.Unlock()
 	return c.cmd != nil
 }
+
+// ServerUser returns the uid and gid the server runs as when Baton runs as
+// root (the postgres user), and ok=false otherwise.
+func ServerUser() (uid, gid int, ok bool) {
+	if os.Geteuid() != 0 {
+		return 0, 0, false
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return 0, 0, false
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid, true
+}
+
+// Reachable reports whether a process running as uid/gid can traverse
+// every folder above dir, which the server needs to reach its data
+// directory. A checkout under /root, for example, is not reachable by the
+// postgres user.
+func Reachable(dir string, uid, gid int) bool {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return false
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return false
+		}
+		mode := fi.Mode().Perm()
+		var x os.FileMode
+		switch {
+		case int(st.Uid) == uid:
+			x = 0o100
+		case int(st.Gid) == gid:
+			x = 0o010
+		default:
+			x = 0o001
+		}
+		if mode&x == 0 {
+			return false
+		}
+		if p == "/" {
+			return true
+		}
+	}
+}

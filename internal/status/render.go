@@ -86,6 +86,14 @@ func (r *Report) WriteText(w io.Writer) error {
 	p("OUTBOX\tPENDING\tPROCESSING\tDONE\tERROR\tOLDEST PENDING\n")
 	p("rows\t%d\t%d\t%d\t%d\t%s\n\n", o.ByStatus["pending"], o.ByStatus["processing"], o.ByStatus["done"], o.ByStatus["error"], oldest)
 
+	if len(r.DeadLetters) > 0 {
+		p("DEAD LETTERS\tPARKED\tFIRST SEQ\tOLDEST\n")
+		for _, d := range r.DeadLetters {
+			p("%s\t%d\t%d\t%s\n", d.Group, d.Count, d.FirstSeq, ago(d.OldestParked))
+		}
+		p("\n")
+	}
+
 	p("LEASES\tHELD\tEXPIRED\n")
 	p("runs\t%d\t%d\n", r.Leases.Held, r.Leases.Expired)
 	if len(r.Leases.Runs) > 0 {

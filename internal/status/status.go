@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/batonhq/baton/schema"
@@ -38,6 +39,9 @@ type Report struct {
 	Leases    Leases         `json:"leases"`
 	Attention []string       `json:"attention"`
 	Errors    map[string]any `json:"errors,omitempty"`
+	// DeadLetters are the events consumer groups parked and nobody
+	// resolved yet, by group.
+	DeadLetters []DeadLetters `json:"dead_letters"`
 }
 
 // Slot is the relay's logical replication slot.
@@ -106,6 +110,16 @@ type Lease struct {
 	Worker         string    `json:"worker,omitempty"`
 }
 
+// DeadLetters counts one group's unresolved parked events.
+type DeadLetters struct {
+	Group string `json:"group"`
+	Count int64  `json:"count"`
+	// FirstSeq is the lowest stream sequence among them: a replay from it
+	// delivers them all again.
+	FirstSeq     int64     `json:"first_seq"`
+	OldestParked time.Time `json:"oldest_parked"`
+}
+
 // Duration marshals as a Go duration string.
 type Duration time.Duration
 
@@ -115,11 +129,14 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d)
 // Gather builds the report. js may be nil when NATS is unreachable; what
 // cannot be read is reported in Errors and as needing attention.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
-	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}}
+	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}}
 	if err := r.gatherSlot(ctx, db, o); err != nil {
 		return nil, err
 	}
 	if err := r.gatherOutbox(ctx, db, o); err != nil {
+		return nil, err
+	}
+	if err := r.gatherDeadLetters(ctx, db); err != nil {
 		return nil, err
 	}
 	if js == nil {
@@ -306,4 +323,30 @@ func Bytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// gatherDeadLetters counts parked events by group. A database migrated
+// before consumer groups existed has no such table: nothing is parked.
+func (r *Report) gatherDeadLetters(ctx context.Context, db schema.Executor) error {
+	rows, err := db.Query(ctx, `
+		SELECT group_name, count(*), min(stream_seq), min(parked_at)
+		FROM group_dead_letters WHERE resolved_at IS NULL
+		GROUP BY group_name ORDER BY group_name`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("count dead letters: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d DeadLetters
+		if err := rows.Scan(&d.Group, &d.Count, &d.FirstSeq, &d.OldestParked); err != nil {
+			return err
+		}
+		r.DeadLetters = append(r.DeadLetters, d)
+		r.attention("group %s parked %d event(s) in group_dead_letters: fix the cause, then `baton replay --group %s --from-seq %d`", d.Group, d.Count, d.Group, d.FirstSeq)
+	}
+	return rows.Err()
 }

@@ -1,0 +1,470 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// Handler applies one event for a consumer group. Its effects in Postgres
+// go into tx, the transaction that also records the event in the group's
+// inbox: they commit together or not at all, so a redelivery or a replay
+// never applies an event twice. An effect outside Postgres (an HTTP call)
+// is at least once: send Event.ID along so the other side can deduplicate.
+//
+// An error rolls tx back and the event is delivered again after a backoff;
+// past GroupConfig.MaxAttempts, or at once for an error wrapped with
+// Permanent, the event is parked in group_dead_letters with the error and
+// the group moves on.
+type Handler func(ctx context.Context, tx pgx.Tx, ev Event) error
+
+// Defaults of a consumer group.
+const (
+	// DefaultGroupLanes is how many events a group process handles at
+	// once.
+	DefaultGroupLanes = 8
+	// DefaultGroupMaxAttempts caps deliveries of a failing event before it
+	// is parked.
+	DefaultGroupMaxAttempts = 5
+	// DefaultGroupRetryMin is the delay before the second delivery of a
+	// failed event; it doubles with each attempt up to DefaultGroupRetryMax.
+	DefaultGroupRetryMin = time.Second
+	DefaultGroupRetryMax = time.Minute
+	// DefaultGroupAckWait is how long an event may go without an ack or a
+	// progress signal before JetStream redelivers it. A running handler
+	// signals progress every third of it.
+	DefaultGroupAckWait = 30 * time.Second
+	// DefaultGroupMaxAckPending bounds the events handed out to a group's
+	// processes and not yet settled.
+	DefaultGroupMaxAckPending = 1000
+)
+
+// GroupConfig configures a consumer group: a named durable consumer on the
+// outbox stream that runs one Handler for every event.
+type GroupConfig struct {
+	// Name of the group: its durable consumer, and its key in group_inbox
+	// and group_dead_letters. Every process that runs a group with this
+	// name shares its events. Required.
+	Name string
+	// Description shown by NATS tools. Defaults to "Baton group <name>".
+	Description string
+	// Handler applies events. Required.
+	Handler Handler
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+	// JetStream is the NATS JetStream context. Required.
+	JetStream jetstream.JetStream
+	// Stream is the outbox stream. Defaults to nats.StreamConfig's
+	// defaults.
+	Stream batonnats.StreamConfig
+	// Lanes is how many events this process handles at once. Events of
+	// one conversation go to one lane, so they are handled in stream order
+	// unless one is retried. Defaults to 8.
+	Lanes int
+	// MaxAttempts caps deliveries of an event whose handler fails; the
+	// last failure parks it. Defaults to 5.
+	MaxAttempts int
+	// RetryMin is the delay before delivering a failed event again; it
+	// doubles with each attempt. Defaults to 1s.
+	RetryMin time.Duration
+	// RetryMax bounds the delay between attempts. Defaults to 1m.
+	RetryMax time.Duration
+	// AckWait is how long an event may go unsettled without a progress
+	// signal before JetStream hands it to another process. Defaults to
+	// 30s.
+	AckWait time.Duration
+	// MaxAckPending bounds the events handed out to all processes of the
+	// group and not yet settled. Defaults to 1000.
+	MaxAckPending int
+	// ShutdownTimeout is how long Run, once its context ends, lets running
+	// handlers finish before it cancels them. Defaults to 10s.
+	ShutdownTimeout time.Duration
+	// Logger receives the group's logs. Defaults to no logging.
+	Logger *zerolog.Logger
+	// Registerer receives the group's metrics. Defaults to a private
+	// registry.
+	Registerer prometheus.Registerer
+	// OnSettled, when set, is called after each event is settled: acked
+	// (applied, duplicate, parked) or handed back (retry). It runs on the
+	// lane that handled the event and must not block for long. Defaults
+	// to none.
+	OnSettled func(Event, Outcome)
+}
+
+// Outcome is how a delivery of an event ended for a group.
+type Outcome string
+
+const (
+	// OutcomeApplied: the handler's effects and the inbox row committed.
+	OutcomeApplied Outcome = "applied"
+	// OutcomeDuplicate: the inbox already held the event; nothing ran.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeRetry: the delivery failed and the event comes back later.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeParked: the event failed for good and sits in
+	// group_dead_letters.
+	OutcomeParked Outcome = "parked"
+)
+
+// WithDefaults returns a copy with every zero field set to its default.
+func (c GroupConfig) WithDefaults() GroupConfig {
+	c.Stream = c.Stream.WithDefaults()
+	if c.Description == "" {
+		c.Description = "Baton group " + c.Name
+	}
+	if c.Lanes == 0 {
+		c.Lanes = DefaultGroupLanes
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultGroupMaxAttempts
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = DefaultGroupRetryMin
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = max(DefaultGroupRetryMax, c.RetryMin)
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultGroupAckWait
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultGroupMaxAckPending
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
+	}
+	return c
+}
+
+// Validate returns an error naming the first setting that is wrong. It does
+// not look at the connections and the handler, which NewGroup requires.
+func (c GroupConfig) Validate() error {
+	if c.Name == "" {
+		return errors.New("group name is empty: give one, such as audit (--group)")
+	}
+	for _, r := range c.Name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return fmt.Errorf("group name %q holds %q: use letters, digits, '-' and '_' (--group)", c.Name, r)
+		}
+	}
+	switch {
+	case c.Lanes < 1:
+		return fmt.Errorf("lanes %d must be at least 1 (--lanes / BATON_GROUP_LANES)", c.Lanes)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("max attempts %d must be at least 1 (--max-attempts / BATON_GROUP_MAX_ATTEMPTS)", c.MaxAttempts)
+	case c.RetryMin <= 0:
+		return fmt.Errorf("retry min %s must be positive (--retry-min / BATON_GROUP_RETRY_MIN)", c.RetryMin)
+	case c.RetryMax < c.RetryMin:
+		return fmt.Errorf("retry max %s is below retry min %s (--retry-max / BATON_GROUP_RETRY_MAX)", c.RetryMax, c.RetryMin)
+	case c.ShutdownTimeout <= 0:
+		return fmt.Errorf("shutdown timeout %s must be positive", c.ShutdownTimeout)
+	}
+	if err := c.Stream.Validate(); err != nil {
+		return err
+	}
+	return c.consumer().Validate()
+}
+
+// consumer is the group's durable consumer. MaxDeliver is unlimited and
+// there is no broker backoff: attempts are counted here and end in a
+// visible dead letter, where a broker cap would drop the event silently.
+func (c GroupConfig) consumer() batonnats.ConsumerConfig {
+	return batonnats.ConsumerConfig{
+		Name:          c.Name,
+		Description:   c.Description,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+	}.WithDefaults()
+}
+
+// Group runs a Handler as a named durable consumer group on the outbox
+// stream.
+//
+// The turn runner (Worker) is the group named turns: it is provisioned the
+// same way (nats.EnsureConsumer, one durable per group, deliver policy all),
+// and Replay drives it like any group. It keeps its own deduplication
+// instead of an inbox, because its effect is not per event: a trigger means
+// "look at this conversation's pending rows", the claim takes only pending
+// rows, and the reply ID derives from the claimed rows. A redelivered or
+// replayed trigger therefore finds nothing to claim and is acked.
+type Group struct {
+	cfg     GroupConfig
+	log     zerolog.Logger
+	metrics *groupMetrics
+}
+
+// NewGroup checks the configuration and returns a group; Run starts it.
+func NewGroup(cfg GroupConfig) (*Group, error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("consumer: GroupConfig.Pool is nil: give a database pool")
+	case cfg.JetStream == nil:
+		return nil, errors.New("consumer: GroupConfig.JetStream is nil: give a JetStream context")
+	case cfg.Handler == nil:
+		return nil, errors.New("consumer: GroupConfig.Handler is nil: give the function that applies events")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newGroupMetrics(cfg.Registerer, cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: register metrics of group %s: %w", cfg.Name, err)
+	}
+	return &Group{cfg: cfg, log: cfg.Logger.With().Str("group", cfg.Name).Logger(), metrics: m}, nil
+}
+
+// Name returns the group's name.
+func (g *Group) Name() string { return g.cfg.Name }
+
+// Durable returns the group's durable consumer settings on the stream, the
+// same provisioning the turn runner uses.
+func (g *Group) Durable() (batonnats.StreamConfig, batonnats.ConsumerConfig) {
+	return g.cfg.Stream, g.cfg.consumer()
+}
+
+// Run handles events until ctx ends, then shuts down: it stops fetching,
+// hands undelivered events back to the group, lets running handlers finish
+// within ShutdownTimeout and cancels the rest. It returns nil after a
+// shutdown, with no goroutine left behind.
+func (g *Group) Run(ctx context.Context) error {
+	stream, durable := g.Durable()
+	cons, err := batonnats.EnsureConsumer(ctx, g.cfg.JetStream, stream, durable)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	iter, err := cons.Messages(jetstream.PullMaxMessages(max(2*g.cfg.Lanes, 16)))
+	if err != nil {
+		return fmt.Errorf("consume %s/%s: %w", stream.Name, g.cfg.Name, err)
+	}
+	// Handlers run on hardCtx: a shutdown lets them finish (their
+	// transaction commits or rolls back whole) until ShutdownTimeout.
+	hardCtx, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardCancel()
+
+	var wg sync.WaitGroup
+	lanes := make([]chan jetstream.Msg, g.cfg.Lanes)
+	for i := range lanes {
+		lanes[i] = make(chan jetstream.Msg, 2)
+		wg.Add(1)
+		go func(in <-chan jetstream.Msg) {
+			defer wg.Done()
+			for msg := range in {
+				if ctx.Err() != nil {
+					// Not started: back to the group at once.
+					_ = msg.Nak()
+					continue
+				}
+				g.handle(hardCtx, msg)
+			}
+		}(lanes[i])
+	}
+	fetching := make(chan struct{})
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		select {
+		case <-ctx.Done():
+			// Drain hands over what was already fetched; the loop below
+			// returns it to the group at once.
+			iter.Drain()
+		case <-fetching:
+		}
+	}()
+	g.log.Info().Str("stream", stream.Name).Int("lanes", g.cfg.Lanes).Msg("group started")
+
+	for {
+		msg, err := iter.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				break
+			}
+			if ctx.Err() == nil {
+				g.log.Warn().Err(err).Msg("fetch events")
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			continue
+		}
+		lanes[laneOf(msg.Subject(), len(lanes))] <- msg
+	}
+	close(fetching)
+	iter.Stop()
+	for _, l := range lanes {
+		close(l)
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(g.cfg.ShutdownTimeout):
+		g.log.Warn().Dur("shutdown_timeout", g.cfg.ShutdownTimeout).Msg("handlers still running at the shutdown deadline; cancelling them")
+		hardCancel()
+		<-done
+	}
+	<-drained
+	if ctx.Err() == nil {
+		// The iterator ends by itself only when the NATS connection was
+		// closed for good.
+		return fmt.Errorf("group %s: the NATS connection was closed", g.cfg.Name)
+	}
+	g.log.Info().Msg("group stopped")
+	return nil
+}
+
+// laneOf keeps the events of one subject (one conversation) on one lane.
+func laneOf(subject string, lanes int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(subject))
+	return int(h.Sum32() % uint32(lanes))
+}
+
+// handle applies one delivered event and settles it.
+func (g *Group) handle(ctx context.Context, msg jetstream.Msg) {
+	ev, err := eventOf(g.cfg.Name, msg)
+	if err != nil {
+		// Redelivering a body that does not parse would never help.
+		g.settle(ctx, msg, ev, &handlerError{err: Permanent(fmt.Errorf("malformed event: %w", err))})
+		return
+	}
+	stop := keepAlive(msg, g.cfg.AckWait/3)
+	outcome, err := g.apply(ctx, ev)
+	stop()
+	if err != nil {
+		g.settle(ctx, msg, ev, err)
+		return
+	}
+	_ = msg.Ack()
+	g.settled(ev, outcome)
+}
+
+// settle ends a delivery that failed: a handler error is retried with
+// backoff, and parked past the cap; anything else (the database away, a
+// shutdown) is retried without counting against the handler.
+func (g *Group) settle(ctx context.Context, msg jetstream.Msg, ev Event, err error) {
+	log := g.log.With().Str("event_id", ev.ID).Uint64("stream_seq", ev.StreamSeq).Int("attempt", ev.Attempt).Logger()
+	if ctx.Err() != nil {
+		// Cut short by the shutdown deadline: not the event's fault.
+		_ = msg.Nak()
+		g.settled(ev, OutcomeRetry)
+		return
+	}
+	var he *handlerError
+	if !errors.As(err, &he) {
+		log.Error().Err(err).Msg("apply event")
+		_ = msg.NakWithDelay(g.retryDelay(ev.Attempt))
+		g.settled(ev, OutcomeRetry)
+		return
+	}
+	if !IsPermanent(he.err) && ev.Attempt < g.cfg.MaxAttempts {
+		delay := g.retryDelay(ev.Attempt)
+		log.Warn().Err(he.err).Dur("retry_in", delay).Msg("handler failed; event will be delivered again")
+		_ = msg.NakWithDelay(delay)
+		g.settled(ev, OutcomeRetry)
+		return
+	}
+	if perr := park(ctx, g.cfg.Pool, ev, he.err); perr != nil {
+		// Not parked: the event must not be lost, so it comes back.
+		if ctx.Err() == nil {
+			log.Error().Err(perr).AnErr("handler_error", he.err).Msg("park event")
+		}
+		_ = msg.NakWithDelay(g.retryDelay(ev.Attempt))
+		g.settled(ev, OutcomeRetry)
+		return
+	}
+	_ = msg.Ack()
+	log.Error().Err(he.err).Msg("event parked in group_dead_letters")
+	g.settled(ev, OutcomeParked)
+}
+
+func (g *Group) settled(ev Event, o Outcome) {
+	g.metrics.events.WithLabelValues(string(o)).Inc()
+	if g.cfg.OnSettled != nil {
+		g.cfg.OnSettled(ev, o)
+	}
+}
+
+// retryDelay is the backoff after the given attempt failed.
+func (g *Group) retryDelay(attempt int) time.Duration {
+	d := g.cfg.RetryMin
+	for i := 1; i < attempt && d < g.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, g.cfg.RetryMax)
+}
+
+// keepAlive tells JetStream every interval that msg is being worked on,
+// until the returned function is called. No call to InProgress happens
+// after it returns.
+func keepAlive(msg jetstream.Msg, every time.Duration) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	t = time.AfterFunc(every, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		_ = msg.InProgress()
+		t.Reset(every)
+	})
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
+}
+
+// groupMetrics of a group, labelled with its name.
+type groupMetrics struct {
+	events *prometheus.CounterVec
+}
+
+func newGroupMetrics(reg prometheus.Registerer, group string) (*groupMetrics, error) {
+	m := &groupMetrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "baton_group_events_total",
+			Help:        "Event deliveries settled by a consumer group, by outcome (applied, duplicate, retry, parked).",
+			ConstLabels: prometheus.Labels{"group": group},
+		}, []string{"outcome"}),
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if err := reg.Register(m.events); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/config"
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+type groupCmd struct {
+	Run groupRunCmd `cmd:"" help:"Run a built-in consumer group on the outbox stream: audit (append every event to audit_events) or webhook (POST every event, signed, to --webhook-url)."`
+}
+
+// builtinGroups are the groups this binary can run, by name.
+var builtinGroups = map[string]bool{consumer.AuditGroup: true, consumer.WebhookGroup: true}
+
+// groupFlags configure the built-in groups; `baton group run` and
+// `baton replay` share them, so a replay handles events the way the group
+// does.
+type groupFlags struct {
+	Lanes          int           `name:"lanes" env:"BATON_GROUP_LANES" default:"8" help:"Events this process handles at once; events of one conversation share a lane and keep their order."`
+	MaxAttempts    int           `name:"max-attempts" env:"BATON_GROUP_MAX_ATTEMPTS" default:"5" help:"Deliveries of a failing event before it is parked in group_dead_letters."`
+	RetryMin       time.Duration `name:"retry-min" env:"BATON_GROUP_RETRY_MIN" default:"1s" help:"Delay before a failed event is delivered again; doubles with each attempt."`
+	RetryMax       time.Duration `name:"retry-max" env:"BATON_GROUP_RETRY_MAX" default:"1m" help:"Longest delay between attempts."`
+	AckWait        time.Duration `name:"ack-wait" env:"BATON_GROUP_ACK_WAIT" default:"30s" help:"How long an event may go unsettled without a progress signal before JetStream hands it to another process."`
+	WebhookURL     string        `name:"webhook-url" env:"BATON_WEBHOOK_URL" help:"URL the webhook group POSTs each event to."`
+	WebhookSecret  string        `name:"webhook-secret" env:"BATON_WEBHOOK_SECRET" help:"Key of the Baton-Signature HMAC-SHA256 header; prefer the variable, which ps does not show."`
+	WebhookTimeout time.Duration `name:"webhook-timeout" env:"BATON_WEBHOOK_TIMEOUT" default:"10s" help:"Longest webhook request; past it the attempt fails and is retried."`
+}
+
+// config returns the group's configuration without connections, checked,
+// or a usage error naming the flag.
+func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (consumer.GroupConfig, error) {
+	cfg := consumer.GroupConfig{
+		Name: name, Stream: stream, Lanes: f.Lanes, MaxAttempts: f.MaxAttempts,
+		RetryMin: f.RetryMin, RetryMax: f.RetryMax, AckWait: f.AckWait,
+	}
+	switch name {
+	case consumer.AuditGroup:
+		cfg.Handler = consumer.Audit
+	case consumer.WebhookGroup:
+		h, err := consumer.Webhook(consumer.WebhookConfig{URL: f.WebhookURL, Secret: f.WebhookSecret, Timeout: f.WebhookTimeout})
+		if err != nil {
+			return cfg, &UsageError{Err: err}
+		}
+		cfg.Handler = h
+	default:
+		return cfg, &UsageError{Err: fmt.Errorf("%q is not a built-in group: choose audit or webhook", name)}
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		return cfg, &UsageError{Err: err}
+	}
+	return cfg, nil
+}
+
+// connectJetStream connects to NATS for a command that cannot work without
+// it. The caller closes the connection.
+func connectJetStream(n config.NATS, name string) (*natsclient.Conn, jetstream.JetStream, error) {
+	nc, err := natsclient.Connect(n.NATSURL, natsclient.Name(name), natsclient.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot reach NATS at %s: %w", n.NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// newGroup fills the connections into cfg and builds the group.
+func newGroup(cfg consumer.GroupConfig, pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) (*consumer.Group, error) {
+	cfg.Pool, cfg.JetStream, cfg.Logger = pool, js, &log
+	return consumer.NewGroup(cfg)
+}
+
+type groupRunCmd struct {
+	config.Database `embed:""`
+	config.NATS     `embed:""`
+	config.Stream   `embed:""`
+
+	Name       string `arg:"" enum:"audit,webhook" help:"Built-in group to run: audit or webhook."`
+	groupFlags `embed:""`
+}
+
+func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
+	if err := c.NATS.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	if err := c.Stream.Validate(); err != nil {
+		return &UsageError{Err: err}
+	}
+	cfg, err := c.groupConfig(c.Name, c.StreamConfig())
+	if err != nil {
+		return err
+	}
+	log := env.Log.With().Str("component", "group").Logger()
+	pool, err := openPool(ctx, c.Database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	nc, js, err := connectJetStream(c.NATS, "baton group "+c.Name)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if _, err := batonnats.EnsureStream(ctx, js, cfg.Stream); err != nil {
+		return err
+	}
+	g, err := newGroup(cfg, pool, js, log)
+	if err != nil {
+		return err
+	}
+	return g.Run(ctx)
+}
