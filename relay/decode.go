@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
+	"math"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -211,6 +211,25 @@ func (r *reader) tuple() []tupleValue {
 	return values
 }
 
+// parseID parses the text of a positive bigint, as strconv.ParseInt would;
+// it returns 0 for anything else.
+func parseID(b []byte) int64 {
+	if len(b) == 0 || len(b) > 19 {
+		return 0
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	if n > math.MaxInt64 {
+		return 0
+	}
+	return int64(n)
+}
+
 // outboxColumns are the positions of the columns a trigger is made of.
 type outboxColumns struct {
 	id, conversationID, messageID, createdAt int
@@ -222,10 +241,19 @@ type outboxColumns struct {
 type outboxDecoder struct {
 	relations map[uint32]*outboxColumns // nil value: not the outbox
 	types     *pgtype.Map
+	// createdAt scans created_at; planned once rather than looked up in
+	// types for every row.
+	createdAt pgtype.ScanPlan
 }
 
 func newOutboxDecoder() *outboxDecoder {
-	return &outboxDecoder{relations: map[uint32]*outboxColumns{}, types: pgtype.NewMap()}
+	types := pgtype.NewMap()
+	var t time.Time
+	return &outboxDecoder{
+		relations: map[uint32]*outboxColumns{},
+		types:     types,
+		createdAt: types.PlanScan(pgtype.TimestamptzOID, pgtype.TextFormatCode, &t),
+	}
 }
 
 func (d *outboxDecoder) relation(m relationMessage) error {
@@ -263,32 +291,37 @@ func (d *outboxDecoder) trigger(m insertMessage) (t batonnats.Trigger, ok bool, 
 	if cols == nil {
 		return t, false, nil
 	}
-	text := func(i int, name string) (string, error) {
+	value := func(i int, name string) ([]byte, error) {
 		if i >= len(m.Values) || m.Values[i].Data == nil {
-			return "", fmt.Errorf("%w: outbox insert without %s", ErrMalformed, name)
+			return nil, fmt.Errorf("%w: outbox insert without %s", ErrMalformed, name)
 		}
-		return string(m.Values[i].Data), nil
+		return m.Values[i].Data, nil
 	}
-	id, err := text(cols.id, "id")
+	id, err := value(cols.id, "id")
 	if err != nil {
 		return t, false, err
 	}
-	if t.OutboxID, err = strconv.ParseInt(id, 10, 64); err != nil || t.OutboxID <= 0 {
+	if t.OutboxID = parseID(id); t.OutboxID <= 0 {
 		return t, false, fmt.Errorf("%w: outbox id %q", ErrMalformed, id)
 	}
-	if t.ConversationID, err = text(cols.conversationID, "conversation_id"); err != nil {
-		return t, false, err
-	}
-	if t.MessageID, err = text(cols.messageID, "message_id"); err != nil {
-		return t, false, err
-	}
-	created, err := text(cols.createdAt, "created_at")
+	conv, err := value(cols.conversationID, "conversation_id")
 	if err != nil {
 		return t, false, err
 	}
-	if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, []byte(created), &t.CreatedAt); err != nil {
+	msg, err := value(cols.messageID, "message_id")
+	if err != nil {
+		return t, false, err
+	}
+	created, err := value(cols.createdAt, "created_at")
+	if err != nil {
+		return t, false, err
+	}
+	if err := d.createdAt.Scan(created, &t.CreatedAt); err != nil {
 		return t, false, fmt.Errorf("%w: outbox created_at %q: %v", ErrMalformed, created, err)
 	}
+	// One allocation for both IDs.
+	ids := string(conv) + string(msg)
+	t.ConversationID, t.MessageID = ids[:len(conv)], ids[len(conv):]
 	t.Reason = batonnats.ReasonInsert
 	return t, true, nil
 }

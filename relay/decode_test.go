@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/binary"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -190,4 +191,19 @@ func FuzzDecodeWAL(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseIDAgreesWithParseInt(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{
+		"", "0", "1", "42", "007", "-1", "+1", "1a", " 1", "9223372036854775807",
+		"9223372036854775808", "18446744073709551615", "99999999999999999999", "12345678901234567890",
+	} {
+		want, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || want <= 0 || s[0] == '+' {
+			// PostgreSQL never writes a sign before a bigint.
+			want = 0
+		}
+		require.Equal(t, want, parseID([]byte(s)), "parseID(%q)", s)
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	batonnats "github.com/batonhq/baton/nats"
@@ -179,25 +180,19 @@ func (r *Relay) stream(ctx context.Context) error {
 type session struct {
 	r       *Relay
 	conn    *pgconn.PgConn
-	js      jetstream.JetStream
+	pub     *publisher
+	events  *eventBuilder
 	tracker *tracker
 	decoder *outboxDecoder
+	// published counts acknowledged events by reason, without a label
+	// lookup per event.
+	published map[batonnats.Reason]prometheus.Counter
 
 	cur        *txn          // the transaction being decoded
 	received   pglogrepl.LSN // highest WAL position received
 	reported   pglogrepl.LSN // last confirmed position sent
 	nextStatus time.Time
-
-	acks    chan pendingAck
-	ackDone chan struct{}
-	ackErr  error // set by the ack goroutine before it closes ackDone
-}
-
-// pendingAck is one published event waiting for JetStream.
-type pendingAck struct {
-	future  jetstream.PubAckFuture
-	txn     *txn
-	trigger batonnats.Trigger
+	cancel     <-chan struct{} // the session's context's Done
 }
 
 // session opens the slot and streams until an error or the end of ctx.
@@ -258,32 +253,35 @@ func (r *Relay) session(ctx context.Context, standby *bool) (streamed bool, err 
 	r.metrics.active.Set(1)
 	r.metrics.confirmedLSN.Set(float64(slot.confirmed))
 
-	js, err := jetstream.New(r.nc,
-		jetstream.WithPublishAsyncTimeout(r.cfg.AckTimeout),
-		// The relay bounds what is in flight itself; JetStream's own bound
-		// only has to stay out of the way.
-		jetstream.WithPublishAsyncMaxPending(2*r.cfg.MaxInFlight+16))
-	if err != nil {
-		return true, err
-	}
 	s := &session{
 		r:          r,
 		conn:       conn,
-		js:         js,
 		tracker:    newTracker(slot.confirmed),
 		decoder:    newOutboxDecoder(),
+		published:  map[batonnats.Reason]prometheus.Counter{},
 		reported:   slot.confirmed,
 		received:   slot.confirmed,
 		nextStatus: time.Now().Add(r.cfg.StatusInterval),
-		acks:       make(chan pendingAck, r.cfg.MaxInFlight),
-		ackDone:    make(chan struct{}),
+		cancel:     ctx.Done(),
+		events:     newEventBuilder(r.cfg.Stream.SubjectPrefix, r.cfg.Stream.Partitions),
 	}
-	ackCtx, stopAcks := context.WithCancel(context.WithoutCancel(ctx))
-	go s.ackLoop(ackCtx)
+	for _, reason := range []batonnats.Reason{batonnats.ReasonInsert, batonnats.ReasonRetry, batonnats.ReasonSweep} {
+		s.published[reason] = r.metrics.published.WithLabelValues(string(reason))
+	}
+	rebuild := func(t *batonnats.Trigger) (*natsclient.Msg, error) {
+		return eventMsg(t, r.cfg.Stream.SubjectPrefix, r.cfg.Stream.Partitions)
+	}
+	// A failed publication interrupts the read of the replication stream,
+	// so the session restarts without waiting for WAL or a status update.
+	s.pub, err = newPublisher(r.nc, r.cfg.MaxInFlight, r.cfg.AckTimeout, rebuild, s.acked, func() {
+		r.metrics.publishErrors.Inc()
+		s.interrupt()
+	})
+	if err != nil {
+		return true, err
+	}
 	defer func() {
-		stopAcks()
-		<-s.ackDone
-		js.CleanupPublisher()
+		s.pub.close()
 		r.metrics.inFlight.Set(0)
 	}()
 
@@ -293,9 +291,9 @@ func (r *Relay) session(ctx context.Context, standby *bool) (streamed bool, err 
 	}
 	// Shutting down: stop reading, let the events in flight be
 	// acknowledged (or time out), and confirm what was.
-	close(s.acks)
 	select {
-	case <-s.ackDone:
+	case <-s.pub.drained():
+	case <-s.pub.failed:
 	case <-time.After(r.cfg.AckTimeout + time.Second):
 	}
 	if err := s.sendStatus(); err != nil {
@@ -306,37 +304,55 @@ func (r *Relay) session(ctx context.Context, standby *bool) (streamed bool, err 
 	return true, nil
 }
 
+// interrupt makes a read of the replication stream in progress (or the
+// next one) return at once with a timeout. The read loop then looks at the
+// context and the publisher before it reads again.
+func (s *session) interrupt() {
+	_ = s.conn.Conn().SetReadDeadline(time.Now())
+}
+
 // receive reads the replication stream until an error or ctx ends.
+//
+// Reads wait under a deadline on the connection itself, the next status
+// update, rather than under a context of their own: a context per message
+// costs a timer, and a cancellation callback registered and removed, at
+// tens of thousands of messages per second. The end of ctx and a failed publication interrupt
+// the read instead. Each sets the deadline after its own state is visible,
+// and the loop checks that state after it sets a deadline, so one of the
+// two always sees the other.
 func (s *session) receive(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, s.interrupt)
+	defer stop()
+	var deadline time.Time // the read deadline this loop last set
 	for {
-		select {
-		case <-s.ackDone:
-			return s.ackErr
-		default:
-		}
 		if !time.Now().Before(s.nextStatus) {
 			if err := s.sendStatus(); err != nil {
 				return err
 			}
 		}
-		deadline := s.nextStatus
-		if s.tracker.InFlight() > 0 {
-			// Look at the ack goroutine often: a failed publication must
-			// restart the stream without waiting for the next status.
-			if soon := time.Now().Add(100 * time.Millisecond); soon.Before(deadline) {
-				deadline = soon
+		if !deadline.Equal(s.nextStatus) {
+			deadline = s.nextStatus
+			if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("receive from slot %s: %w", s.r.cfg.Slot, err)
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		select {
+		case <-s.pub.failed:
+			return s.pub.err
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		raw, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
-			// Checked first: pgconn reports a context that was already
-			// done as a timeout too.
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
+				// The deadline passed or was moved by an interruption:
+				// set it again.
+				deadline = time.Time{}
 				continue
 			}
 			return fmt.Errorf("receive from slot %s: %w", s.r.cfg.Slot, err)
@@ -458,73 +474,55 @@ func (s *session) logical(ctx context.Context, m logicalMessage) error {
 	return nil
 }
 
-// publish sends one event and hands its future to the ack goroutine,
-// blocking while MaxInFlight events are unacknowledged.
+// publish sends one event, blocking while MaxInFlight events are
+// unacknowledged. The publisher reports its acknowledgement to acked.
 func (s *session) publish(ctx context.Context, x *txn, t batonnats.Trigger) error {
-	msg, err := t.Msg(s.r.cfg.Stream.SubjectPrefix, s.r.cfg.Stream.Partitions)
+	msg, err := s.events.build(&t)
 	if err != nil {
 		return err
 	}
 	select {
-	case <-s.ackDone:
-		return s.ackErr
+	case <-s.pub.failed:
+		return s.pub.err
 	default:
 	}
-	fut, err := s.js.PublishMsgAsync(msg)
-	if err != nil {
-		s.r.metrics.publishErrors.Inc()
-		return fmt.Errorf("publish outbox row %d: %w", t.OutboxID, err)
-	}
+	// Counted before it is sent: the acknowledgement can arrive before
+	// PublishMsg returns. If the publication fails the session ends, and
+	// an event counted but never sent only holds the confirmed LSN back.
 	s.tracker.add(x)
 	s.r.metrics.inFlight.Inc()
-	select {
-	case s.acks <- pendingAck{future: fut, txn: x, trigger: t}:
-		return nil
-	case <-s.ackDone:
-		return s.ackErr
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := s.pub.publish(msg, x, &t, s.cancel); err != nil {
+		var send sendError
+		switch {
+		case errors.Is(err, errPublishCancelled):
+			return ctx.Err()
+		case errors.As(err, &send):
+			s.r.metrics.publishErrors.Inc()
+			return fmt.Errorf("publish outbox row %d: %w", t.OutboxID, send.err)
+		}
+		return err
 	}
+	return nil
 }
 
-// ackLoop waits for acknowledgements in publication order. The first
-// failure ends it: the session then restarts from the slot, and nothing
-// after the failed event is confirmed.
-func (s *session) ackLoop(ctx context.Context) {
-	defer close(s.ackDone)
+// acked counts one event as stored by JetStream. It runs on the NATS
+// connection's delivery goroutine, in the order acknowledgements arrive;
+// the tracker confirms a transaction only when all its events and all
+// those before it are acknowledged, whatever that order.
+func (s *session) acked(ev *inflight, now time.Time) {
 	m := s.r.metrics
-	for {
-		var p pendingAck
-		select {
-		case next, ok := <-s.acks:
-			if !ok {
-				return
-			}
-			p = next
-		case <-ctx.Done():
-			s.ackErr = ctx.Err()
-			return
-		}
-		select {
-		case <-p.future.Ok():
-			now := time.Now()
-			s.tracker.acked(p.txn)
-			m.inFlight.Dec()
-			m.published.WithLabelValues(string(p.trigger.Reason)).Inc()
-			if !p.txn.commitTime.IsZero() {
-				m.ackLatency.Observe(now.Sub(p.txn.commitTime).Seconds())
-			}
-			if s.r.onAck != nil {
-				s.r.onAck(p.trigger, p.txn.commitTime, now)
-			}
-		case err := <-p.future.Err():
-			m.publishErrors.Inc()
-			s.ackErr = fmt.Errorf("JetStream did not acknowledge outbox row %d: %w", p.trigger.OutboxID, err)
-			return
-		case <-ctx.Done():
-			s.ackErr = ctx.Err()
-			return
-		}
+	s.tracker.acked(ev.txn)
+	m.inFlight.Dec()
+	if c, ok := s.published[ev.trigger.Reason]; ok {
+		c.Inc()
+	} else {
+		m.published.WithLabelValues(string(ev.trigger.Reason)).Inc()
+	}
+	if !ev.txn.commitTime.IsZero() {
+		m.ackLatency.Observe(now.Sub(ev.txn.commitTime).Seconds())
+	}
+	if s.r.onAck != nil {
+		s.r.onAck(ev.trigger, ev.txn.commitTime, now)
 	}
 }
 
