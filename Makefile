@@ -7,7 +7,7 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-deps lint fmt vet dev deps bench clean
+.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean
 
 all: build
 
@@ -41,6 +41,13 @@ dev: deps build
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./relay/ ./consumer/
+
+# The kill test at full size: real processes, random faults from a printed
+# seed, a verdict from the database. Pass CHAOS_ARGS="--seed N" to replay a
+# run. The binary is built without -race: a dozen processes share the CPUs.
+CHAOS_ARGS ?=
+chaos: deps build
+	$(GO) run ./chaos/cmd/chaos --binary $(BIN) $(CHAOS_ARGS)
 
 clean:
 	rm -rf bin .baton

@@ -184,19 +184,27 @@ func (w *Worker) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, 
 	}
 }
 
-// finalize commits the reply, then acks.
-func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+// commitFinalize ends a turn in one transaction. It is a variable only so
+// that the chaos harness can prove it fails a finalize that is not atomic:
+// a build with the chaosbroken tag replaces it, and no other code does.
+var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
 	var out schema.Finalized
 	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = schema.FinalizeTx(ctx, tx, schema.Finalize{
-			ConversationID: claim.ConversationID,
-			RunID:          claim.RunID,
-			TurnID:         claim.TurnID,
-			OutboxIDs:      claim.OutboxIDs,
-			Content:        reply.Content,
-		})
+		out, err = schema.FinalizeTx(ctx, tx, f)
 		return err
+	})
+	return out, err
+}
+
+// finalize commits the reply, then acks.
+func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+	out, err := commitFinalize(ctx, w, schema.Finalize{
+		ConversationID: claim.ConversationID,
+		RunID:          claim.RunID,
+		TurnID:         claim.TurnID,
+		OutboxIDs:      claim.OutboxIDs,
+		Content:        reply.Content,
 	})
 	switch {
 	case errors.Is(err, schema.ErrConversationDeleted):

@@ -243,8 +243,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.recoverExpired(ctx); err != nil && ctx.Err() == nil {
 		w.log.Error().Err(err).Msg("recover expired leases at start")
 	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(max(2*w.cfg.Concurrency, 64)))
-	if err != nil {
+	sub := &subscription{}
+	if err := sub.open(cons, w.pullOptions()...); err != nil {
 		return fmt.Errorf("consume %s/%s: %w", w.cfg.Stream.Name, w.cfg.Consumer.Name, err)
 	}
 
@@ -256,25 +256,35 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.stopping = make(chan struct{})
 
 	var loops sync.WaitGroup
-	loops.Add(2)
+	loops.Add(3)
 	go func() {
 		defer loops.Done()
 		<-ctx.Done()
 		// Drain hands over what was already fetched; dispatch returns it
 		// to the group at once instead of leaving it to the ack wait.
-		iter.Drain()
+		sub.drain()
 	}()
 	go func() {
 		defer loops.Done()
 		w.recoveryLoop(ctx)
 	}()
+	go func() {
+		defer loops.Done()
+		w.watchConsumer(ctx, sub)
+	}()
 	w.log.Info().Str("stream", w.cfg.Stream.Name).Str("consumer", w.cfg.Consumer.Name).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 
 	for {
+		iter := sub.current()
 		msg, err := iter.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				break
+				// Closed by shutdown, or by the client library when the
+				// consumer was deleted: then watchConsumer opens another.
+				if ctx.Err() != nil || !sub.await(ctx, iter) {
+					break
+				}
+				continue
 			}
 			if ctx.Err() == nil {
 				w.log.Warn().Err(err).Msg("fetch triggers")
@@ -292,7 +302,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		w.dispatch(msg)
 	}
-	iter.Stop()
+	sub.stop()
 
 	w.mu.Lock()
 	close(w.stopping)

@@ -356,3 +356,27 @@ func TestRelayRecreatesAnInvalidatedSlot(t *testing.T) {
 	require.Equal(t, id, events[0].OutboxID)
 	require.Equal(t, string(batonnats.ReasonSweep), events[0].Reason)
 }
+
+func TestAFastPostgresShutdownDoesNotWaitForeverOnTheRelay(t *testing.T) {
+	t.Parallel()
+	c, pool, url := ownCluster(t, map[string]string{"synchronous_commit": "on"})
+	b := setupWith(t, pool, url, "baton_outbox")
+	cfg := b.cfg
+	// As in production: nothing but keepalives between the relay's own
+	// positions, so the end of WAL is confirmed only when the relay takes
+	// it from the server.
+	cfg.HeartbeatInterval = time.Hour
+	cfg.StatusInterval = 10 * time.Second
+	r, _ := b.start(t, cfg)
+	waitActive(t, r)
+	p := startProducer(t, b, "fast stop", 5*time.Millisecond)
+	p.waitRows(t, 50)
+	p.halt()
+	waitStreamCount(t, b.js, len(outboxIDs(t, pool)), time.Minute)
+
+	// A fast shutdown waits until the relay confirms the end of WAL,
+	// shutdown checkpoint included; Stop reports a server that had to be
+	// killed after 30 seconds.
+	require.NoError(t, c.Restart(context.Background(), pgcluster.Fast), "the fast shutdown completed on its own")
+	require.Eventually(t, r.active.Load, 30*time.Second, 10*time.Millisecond, "the relay streams again")
+}

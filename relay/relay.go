@@ -382,8 +382,18 @@ func (s *session) copyData(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
+		if s.cur == nil {
+			// Everything up to the server's end of WAL has been sent before
+			// this keepalive, and no transaction is open: like a heartbeat,
+			// the position can be confirmed once every event before it is
+			// acknowledged. Without this, a fast shutdown of PostgreSQL
+			// waits forever for the relay to confirm the shutdown
+			// checkpoint, which no outbox event or heartbeat follows.
+			s.tracker.commit(s.tracker.begin(time.Time{}), ka.ServerWALEnd)
+		}
 		if ka.ReplyRequested {
-			// The server is about to give up on this connection.
+			// The server is about to give up on this connection, or is
+			// shutting down and waits for the confirmation.
 			return s.sendStatus()
 		}
 		return nil

@@ -321,6 +321,8 @@ const (
 )
 
 // Stop shuts the server down in the given mode and waits for it to exit.
+// It returns an error when the server did not exit on its own within 30
+// seconds (it is then stopped the hard way).
 func (c *Cluster) Stop(mode StopMode) error {
 	c.mu.Lock()
 	cmd, done := c.cmd, c.done
@@ -336,18 +338,28 @@ func (c *Cluster) Stop(mode StopMode) error {
 		sig = syscall.SIGKILL
 	}
 	_ = cmd.Process.Signal(sig)
+	var stuck error
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
+		// A shutdown that waits forever (for example on a replication
+		// client that never confirms the end of WAL) is a bug worth
+		// reporting; the server is then stopped the hard way.
+		stuck = fmt.Errorf("postgres did not shut down within 30s of %s; it was killed", sig)
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
 	}
 	if mode == Kill {
 		// Backends of a killed postmaster exit on their own once they notice;
 		// make sure none holds the port or the shared memory.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	return nil
+	return stuck
 }
 
 // Restart stops the server in the given mode and starts it again on the

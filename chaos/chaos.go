@@ -1,0 +1,176 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+)
+
+// Result is a finished run.
+type Result struct {
+	Config  Config
+	Verdict *Verdict
+	Faults  []faultRecord
+	// Unexpected are exits of processes that the harness did not cause.
+	Unexpected map[string]int64
+	// Sent, Accepted, Rejected and Retried count the client's messages;
+	// Retried were posted more than once.
+	Sent, Accepted, Rejected, Retried int
+	Conversations, Deleted            int
+	Load, Settle, Total               time.Duration
+	// Settled is false when rows were still moving at SettleTimeout.
+	Settled bool
+	// Dir holds the logs of every process; kept when the run failed.
+	Dir string
+}
+
+// Passed reports whether every invariant held.
+func (r *Result) Passed() bool { return r.Verdict != nil && r.Verdict.Passed() }
+
+// Run starts the system, drives the load through the faults, waits for the
+// system to settle and judges it. An error means the harness itself could
+// not run; a failed invariant is a Result that did not pass.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	out := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format, args...) }
+	out("chaos: seed %d (replay with --seed %d)\n", cfg.Seed, cfg.Seed)
+
+	dir := cfg.Dir
+	keep := dir != ""
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "baton-chaos-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	res := &Result{Config: cfg, Dir: dir}
+
+	out("chaos: starting PostgreSQL, %d NATS nodes, %d relays, %d workers and the API in %s\n", natsCount, relayCount, workerCount, dir)
+	sys, err := startSystem(ctx, cfg, dir)
+	if sys != nil {
+		defer func() {
+			sys.stop()
+			if !keep && res.Passed() {
+				_ = os.RemoveAll(dir)
+			}
+		}()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start the system (logs in %s): %w", dir, err)
+	}
+
+	loadRNG := rand.New(rand.NewPCG(uint64(cfg.Seed), 1))
+	faultRNG := rand.New(rand.NewPCG(uint64(cfg.Seed), 2))
+	plan := planLoad(cfg, loadRNG)
+	faults := planFaults(cfg, faultRNG)
+	cl := newClient(sys.apiURL, sys.token)
+	if err := createConversations(ctx, cl, plan.conversations, cfg.Clients); err != nil {
+		return nil, err
+	}
+	out("chaos: %d messages over %d conversations and %s, %d faults\n", len(plan.messages), len(plan.conversations), cfg.LoadDuration, len(faults))
+
+	inj := &injector{sys: sys, rng: faultRNG, out: out}
+	start := time.Now()
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		inj.run(ctx, faults, start)
+		// A little more traffic after the last fault, so that it too is
+		// followed by turns.
+		inj.sleep(ctx, 2*time.Second)
+	}()
+	cl.drive(ctx, plan, cfg.Clients, faultsDone)
+	res.Load = time.Since(start)
+	out("chaos: load and faults over after %s\n", res.Load.Round(time.Millisecond))
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+
+	settleStart := time.Now()
+	res.Settled = settle(ctx, sys, cfg.SettleTimeout)
+	res.Settle = time.Since(settleStart)
+	out("chaos: settled=%v after %s; judging\n", res.Settled, res.Settle.Round(time.Millisecond))
+
+	res.Faults = inj.injected()
+	res.Unexpected = sys.unexpectedExits()
+	v, err := judge(ctx, sys.pool, plan, cl, res.Faults)
+	if err != nil {
+		return nil, fmt.Errorf("judge: %w", err)
+	}
+	res.Verdict = v
+	for _, m := range plan.messages {
+		m.mu.Lock()
+		if m.posts > 0 {
+			res.Sent++
+		}
+		if m.accepted {
+			res.Accepted++
+		} else if m.posts > 0 {
+			res.Rejected++
+		}
+		if m.posts > 1 {
+			res.Retried++
+		}
+		m.mu.Unlock()
+	}
+	res.Conversations = len(plan.conversations)
+	res.Deleted = len(cl.deletedConversations())
+	res.Total = time.Since(began)
+	return res, nil
+}
+
+func createConversations(ctx context.Context, cl *client, ids []string, clients int) error {
+	work := make(chan string)
+	errs := make(chan error, len(ids))
+	var wg sync.WaitGroup
+	for range min(clients, 16) {
+		wg.Go(func() {
+			for id := range work {
+				if err := cl.createConversation(ctx, id); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for _, id := range ids {
+		work <- id
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// settle waits until every process runs and no outbox row or run is in
+// flight, polling the database, for at most within.
+func settle(ctx context.Context, sys *system, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if sys.allRunning() {
+			var open int
+			err := sys.pool.QueryRow(ctx, `
+				SELECT (SELECT count(*) FROM agent_outbox WHERE status NOT IN ('done', 'error'))
+					+ (SELECT count(*) FROM agent_runs WHERE status = 'running')`).Scan(&open)
+			if err == nil && open == 0 {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/chaos"
+)
+
+// buildBaton builds cmd/baton without the race detector, whatever this
+// test runs with: the harness runs a dozen processes on two cores, and it
+// judges the system from the database, not from races inside one process.
+func buildBaton(t *testing.T, tags ...string) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Join(filepath.Dir(file), "..")
+	bin := filepath.Join(t.TempDir(), "baton")
+	args := []string{"build", "-o", bin}
+	args = append(args, tags...)
+	args = append(args, "./cmd/baton")
+	cmd := exec.Command("go", args...)
+	cmd.Dir = repo
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build %v:\n%s", args, out)
+	return bin
+}
+
+// run runs the harness and returns its result and printed summary.
+func run(t *testing.T, cfg chaos.Config) (*chaos.Result, string) {
+	t.Helper()
+	var out bytes.Buffer
+	cfg.Out = &out
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, cfg)
+	require.NoError(t, err, "the harness could not run:\n%s", out.String())
+	res.WriteSummary(&out)
+	return res, out.String()
+}
+
+// TestShortChaosRunKeepsEveryInvariant is `make chaos` small: every fault
+// kind once, over a few hundred messages.
+func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a dozen processes for about a minute")
+	}
+	res, summary := run(t, chaos.Config{
+		Binary:        buildBaton(t),
+		Seed:          20260601,
+		Conversations: 30,
+		Messages:      300,
+		Plan:          chaos.AllFaults,
+		LoadDuration:  30 * time.Second,
+		SettleTimeout: time.Minute,
+	})
+	t.Log("\n" + summary)
+	require.True(t, res.Passed(), "every invariant holds through every kind of fault:\n%s", summary)
+	require.Len(t, res.Faults, len(chaos.AllFaults))
+}
+
+// TestHarnessFailsANonAtomicFinalize runs the harness against a worker
+// built with the chaosbroken tag, whose finalize marks rows done in one
+// transaction and writes the reply in the next: a worker killed between
+// them must make the verdict fail, naming the rows.
+func TestHarnessFailsANonAtomicFinalize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a dozen processes for about a minute")
+	}
+	res, summary := run(t, chaos.Config{
+		Binary:        buildBaton(t, "-tags", "chaosbroken"),
+		Seed:          20260602,
+		Conversations: 20,
+		Messages:      150,
+		Plan: []chaos.FaultKind{
+			chaos.FaultCrashAfterFinalizeBefore, chaos.FaultCrashAfterFinalizeBefore, chaos.FaultCrashAfterFinalizeBefore,
+		},
+		LoadDuration:  15 * time.Second,
+		SettleTimeout: 15 * time.Second,
+	})
+	t.Log("\n" + summary)
+	defer os.RemoveAll(res.Dir)
+	require.False(t, res.Passed(), "a finalize split in two transactions must fail the run:\n%s", summary)
+	require.Contains(t, summary, "FAILED: "+chaos.CheckDoneNoReply, "the verdict names the done rows that have no reply")
+}

@@ -1,0 +1,359 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Kinds of load actions.
+const (
+	kindPlain  = "plain"
+	kindBurst  = "burst"
+	kindSleep  = "sleep"
+	kindLookup = "lookup"
+	kindNotify = "notify"
+	kindFail   = "fail"
+	kindRetry  = "retry"
+	kindDelete = "delete"
+)
+
+// sentMessage is what the client knows about one message it sent.
+type sentMessage struct {
+	conversation string
+	id           string
+	content      string
+	kind         string
+
+	mu sync.Mutex
+	// posts counts POSTs of this ID: deliberate retries and retries after
+	// a transport error or a 5xx alike.
+	posts int
+	// created counts 202 answers (a new turn); accepted is set by any 2xx.
+	created  int
+	accepted bool
+	// rejected is the last non-retryable answer, such as a 404 after the
+	// conversation was deleted.
+	rejected string
+}
+
+// action is one step of the load: messages sent back to back into one
+// conversation, maybe sent twice, maybe followed by deleting it mid-turn.
+type action struct {
+	at           time.Duration
+	conversation string
+	messages     []*sentMessage
+	// retry: 0 none, 1 the same message again after the first answer, 2
+	// two copies at once.
+	retry       int
+	deleteAfter time.Duration // > 0: delete the conversation then
+}
+
+// loadPlan is the whole load of a run, derived from the seed.
+type loadPlan struct {
+	conversations []string
+	actions       []*action
+	messages      []*sentMessage
+}
+
+// planLoad lays out cfg.Messages messages over cfg.Conversations
+// conversations and cfg.LoadDuration.
+func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
+	p := &loadPlan{}
+	for i := range cfg.Conversations {
+		p.conversations = append(p.conversations, fmt.Sprintf("conv-%04d", i))
+	}
+	live := append([]string(nil), p.conversations...)
+	deletions := max(1, cfg.Conversations/25)
+	// Deletions start when the message count passes these marks.
+	var deleteAt []int
+	for range deletions {
+		deleteAt = append(deleteAt, cfg.Messages/10+rng.IntN(cfg.Messages*8/10))
+	}
+	slices.Sort(deleteAt)
+	n := 0
+	newMessage := func(conv, kind string) *sentMessage {
+		id := fmt.Sprintf("msg-%05d", n)
+		n++
+		m := &sentMessage{conversation: conv, id: id, kind: kind}
+		switch kind {
+		case kindSleep:
+			m.content = fmt.Sprintf("think about %s\n/sleep %dms", id, 50+rng.IntN(1500))
+		case kindLookup:
+			m.content = fmt.Sprintf("look up %s\n/tool lookup %s", id, id)
+		case kindNotify:
+			// The notify text is unique per message, so a side effect
+			// repeated by any other run of the turn is countable.
+			m.content = fmt.Sprintf("tell someone about %s\n/tool notify n-%s", id, id)
+		case kindFail:
+			m.content = fmt.Sprintf("this one breaks %s\n/fail", id)
+		case kindDelete:
+			m.content = fmt.Sprintf("a long one %s\n/sleep 2s", id)
+		default:
+			m.content = fmt.Sprintf("hello from %s", id)
+		}
+		p.messages = append(p.messages, m)
+		return m
+	}
+	for n < cfg.Messages && len(live) > 0 {
+		at := time.Duration(float64(cfg.LoadDuration) * float64(n) / float64(cfg.Messages))
+		ci := rng.IntN(len(live))
+		conv := live[ci]
+		a := &action{at: at, conversation: conv}
+		if len(deleteAt) > 0 && n >= deleteAt[0] && len(live) > 1 {
+			deleteAt = deleteAt[1:]
+			a.messages = []*sentMessage{newMessage(conv, kindDelete)}
+			a.deleteAfter = time.Duration(100+rng.IntN(1400)) * time.Millisecond
+			live = append(live[:ci], live[ci+1:]...)
+			p.actions = append(p.actions, a)
+			continue
+		}
+		switch r := rng.IntN(100); {
+		case r < 52:
+			a.messages = []*sentMessage{newMessage(conv, kindPlain)}
+		case r < 64:
+			for range 2 + rng.IntN(4) {
+				a.messages = append(a.messages, newMessage(conv, kindBurst))
+			}
+		case r < 74:
+			a.messages = []*sentMessage{newMessage(conv, kindSleep)}
+		case r < 82:
+			a.messages = []*sentMessage{newMessage(conv, kindLookup)}
+		case r < 90:
+			a.messages = []*sentMessage{newMessage(conv, kindNotify)}
+		case r < 92:
+			a.messages = []*sentMessage{newMessage(conv, kindFail)}
+		default:
+			a.messages = []*sentMessage{newMessage(conv, kindRetry)}
+			a.retry = 1 + rng.IntN(2)
+		}
+		p.actions = append(p.actions, a)
+	}
+	return p
+}
+
+// client talks to the API as a user would, retrying with the same message
+// ID when an answer does not come.
+type client struct {
+	base   string
+	token  string
+	http   *http.Client
+	budget time.Duration
+
+	mu sync.Mutex
+	// deleting are conversations the load has started to delete: a 404
+	// for them is expected. deleted are those whose DELETE succeeded.
+	deleting map[string]bool
+	deleted  map[string]time.Time
+	// errors are answers no client should get, kept for the report.
+	errors []string
+}
+
+func newClient(base, token string) *client {
+	return &client{
+		base: base, token: token,
+		http:     &http.Client{Timeout: 10 * time.Second},
+		budget:   90 * time.Second,
+		deleting: map[string]bool{},
+		deleted:  map[string]time.Time{},
+	}
+}
+
+// do sends one request until it gets an answer that is not a transport
+// error or a 5xx, or the budget runs out. It returns the last status (0
+// when no answer came) and body.
+func (c *client) do(ctx context.Context, method, path string, body any, sent func()) (int, string) {
+	var payload []byte
+	if body != nil {
+		payload, _ = json.Marshal(body)
+	}
+	deadline := time.Now().Add(c.budget)
+	backoff := 100 * time.Millisecond
+	status, text := 0, ""
+	for {
+		req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(payload))
+		if err != nil {
+			return 0, err.Error()
+		}
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		req.Header.Set("Content-Type", "application/json")
+		if sent != nil {
+			sent()
+		}
+		resp, err := c.http.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			status, text = resp.StatusCode, string(b)
+			if status < 500 && status != http.StatusTooManyRequests {
+				return status, text
+			}
+		} else {
+			status, text = 0, err.Error()
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return status, text
+		}
+		select {
+		case <-ctx.Done():
+			return status, text
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (c *client) unexpected(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.errors) < 50 {
+		c.errors = append(c.errors, fmt.Sprintf(format, args...))
+	}
+}
+
+func (c *client) createConversation(ctx context.Context, id string) error {
+	status, body := c.do(ctx, http.MethodPost, "/v1/conversations", map[string]string{"id": id}, nil)
+	if status != http.StatusCreated && status != http.StatusOK {
+		return fmt.Errorf("create conversation %s: status %d: %s", id, status, body)
+	}
+	return nil
+}
+
+func (c *client) isDeleted(conv string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deleting[conv]
+}
+
+// post sends m once (with transport retries).
+func (c *client) post(ctx context.Context, m *sentMessage) {
+	status, body := c.do(ctx, http.MethodPost, "/v1/conversations/"+m.conversation+"/messages",
+		map[string]string{"id": m.id, "content": m.content}, func() {
+			m.mu.Lock()
+			m.posts++
+			m.mu.Unlock()
+		})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch status {
+	case http.StatusAccepted:
+		m.created++
+		m.accepted = true
+	case http.StatusOK:
+		m.accepted = true
+	default:
+		m.rejected = fmt.Sprintf("%d %s", status, body)
+		if status != http.StatusNotFound || !c.isDeleted(m.conversation) {
+			c.unexpected("POST %s to %s: status %d: %.200s", m.id, m.conversation, status, body)
+		}
+	}
+}
+
+// run performs one action.
+func (c *client) run(ctx context.Context, a *action) {
+	if c.isDeleted(a.conversation) {
+		return
+	}
+	for _, m := range a.messages {
+		c.post(ctx, m)
+	}
+	switch a.retry {
+	case 1:
+		c.post(ctx, a.messages[0])
+	case 2:
+		var wg sync.WaitGroup
+		wg.Go(func() { c.post(ctx, a.messages[0]) })
+		wg.Go(func() { c.post(ctx, a.messages[0]) })
+		wg.Wait()
+	}
+	if a.deleteAfter > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(a.deleteAfter):
+		}
+		c.mu.Lock()
+		c.deleting[a.conversation] = true
+		c.mu.Unlock()
+		status, body := c.do(ctx, http.MethodDelete, "/v1/conversations/"+a.conversation, nil, nil)
+		switch status {
+		case http.StatusNoContent, http.StatusOK, http.StatusNotFound:
+			c.mu.Lock()
+			c.deleted[a.conversation] = time.Now()
+			c.mu.Unlock()
+		default:
+			c.unexpected("DELETE %s: status %d: %.200s", a.conversation, status, body)
+		}
+	}
+}
+
+// drive runs the plan: actions at their moments, clients at once.
+//
+// Once the plan is sent, it keeps sending a message now and then until
+// faultsDone is closed.
+func (c *client) drive(ctx context.Context, p *loadPlan, clients int, faultsDone <-chan struct{}) {
+	start := time.Now()
+	work := make(chan *action)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for a := range work {
+				c.run(ctx, a)
+			}
+		})
+	}
+	for _, a := range p.actions {
+		if d := time.Until(start.Add(a.at)); d > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(d):
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		work <- a
+	}
+	// Faults that fell behind the plan still need turns to hit: a worker
+	// armed at a crash point dies only in a turn. A trickle of plain
+	// messages runs until the faults are over.
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+		case <-faultsDone:
+		case <-tick.C:
+			conv := p.conversations[n%len(p.conversations)]
+			if c.isDeleted(conv) {
+				continue
+			}
+			id := fmt.Sprintf("extra-%05d", n)
+			m := &sentMessage{conversation: conv, id: id, kind: kindPlain, content: "still there? " + id}
+			p.messages = append(p.messages, m)
+			work <- &action{conversation: conv, messages: []*sentMessage{m}}
+			continue
+		}
+		break
+	}
+	close(work)
+	wg.Wait()
+}
+
+// deletedConversations returns the conversations the client deleted.
+func (c *client) deletedConversations() map[string]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]time.Time, len(c.deleted))
+	for k, v := range c.deleted {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,104 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteSummary prints the run's table, then every failed check with the
+// rows it names.
+func (r *Result) WriteSummary(w io.Writer) {
+	v := r.Verdict
+	counts := map[FaultKind]int{}
+	notes := map[FaultKind]int{}
+	hung := 0
+	for _, f := range r.Faults {
+		counts[f.kind]++
+		if f.hung {
+			hung++
+		}
+		if f.note == "died at the crash point" {
+			notes[f.kind]++
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	fmt.Fprintln(tw, "CHAOS SUMMARY\t")
+	row("seed", "%d", r.Config.Seed)
+	row("time", "load %s, settle %s, total %s", r.Load.Round(time.Second), r.Settle.Round(100*time.Millisecond), r.Total.Round(time.Second))
+	row("conversations", "%d (%d deleted mid-turn)", r.Conversations, r.Deleted)
+	row("messages sent", "%d: %d accepted, %d refused (conversation deleted), %d posted more than once", r.Sent, r.Accepted, r.Rejected, r.Retried)
+	row("turns", "%d replied, %d failed visibly", v.RepliedTurns, v.FailedTurns)
+	row("messages stored", "%d user, %d assistant, %d error", v.UserMessages, v.Replies, v.Errors)
+	row("runs", "%s", formatRuns(v.Runs))
+	row("side effects (notify)", "%d", v.SideEffects)
+	row("faults injected", "%d", len(r.Faults))
+	for _, k := range AllFaults {
+		if _, ok := k.crashPoint(); ok {
+			row("  "+string(k), "%d (%d died at the point)", counts[k], notes[k])
+			continue
+		}
+		row("  "+string(k), "%d", counts[k])
+	}
+	row("unexpected exits", "%s", formatExits(r.Unexpected))
+	row("postgres shutdowns that hung", "%d (fast mode waiting on the relay's walsender; see the fault log)", hung)
+	for _, c := range v.Checks {
+		row(c.Name, "%d", c.Count)
+	}
+	row("settled", "%v", r.Settled)
+	row("longest kill -> next turn", "%s (after %s; %d faults with no turn after them)", v.LongestRecovery.Round(time.Millisecond), v.LongestRecoveryAfter, v.NoTurnAfter)
+	verdict := "PASS"
+	if !r.Passed() {
+		verdict = "FAIL"
+	}
+	row("verdict", "%s", verdict)
+	tw.Flush()
+	for _, c := range v.Checks {
+		if c.Count == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nFAILED: %s (%d):\n", c.Name, c.Count)
+		for _, s := range c.Rows {
+			fmt.Fprintf(w, "  %s\n", s)
+		}
+		if c.Count > len(c.Rows) {
+			fmt.Fprintf(w, "  ... and %d more\n", c.Count-len(c.Rows))
+		}
+	}
+	if !r.Passed() {
+		fmt.Fprintf(w, "\nlogs of every process: %s/logs (replay with --seed %d)\n", r.Dir, r.Config.Seed)
+	}
+}
+
+func formatRuns(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func formatExits(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
