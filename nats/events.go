@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -142,5 +143,14 @@ func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgI
 		m.Header.Set(HeaderMsgID, msgID)
 	}
 	_, err = p.js.PublishMsg(ctx, m)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		// The stream is gone (a broker that lost its store): provision it
+		// again and publish once more, rather than leaving live clients
+		// without events until every process restarts.
+		if _, perr := EnsureEventsStream(ctx, p.js, p.cfg); perr != nil {
+			return fmt.Errorf("%w (and provisioning the events stream again failed: %v)", err, perr)
+		}
+		_, err = p.js.PublishMsg(ctx, m)
+	}
 	return err
 }
