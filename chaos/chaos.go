@@ -107,6 +107,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("judge: %w", err)
 	}
 	res.Verdict = v
+	// A fast shutdown of PostgreSQL that waits on a walsender forever is a
+	// relay that never confirms the end of WAL: a failure, not a figure.
+	hung := &Check{Name: CheckHungShutdown}
+	for _, f := range res.Faults {
+		if f.hung {
+			hung.add("%s at %s: %s", f.kind, f.at.Format(time.TimeOnly), f.note)
+		}
+	}
+	v.Checks = append(v.Checks, hung)
 	for _, m := range plan.messages {
 		m.mu.Lock()
 		if m.posts > 0 {

@@ -15,12 +15,8 @@ func (r *Result) WriteSummary(w io.Writer) {
 	v := r.Verdict
 	counts := map[FaultKind]int{}
 	notes := map[FaultKind]int{}
-	hung := 0
 	for _, f := range r.Faults {
 		counts[f.kind]++
-		if f.hung {
-			hung++
-		}
 		if f.note == "died at the crash point" {
 			notes[f.kind]++
 		}
@@ -45,7 +41,6 @@ func (r *Result) WriteSummary(w io.Writer) {
 		row("  "+string(k), "%d", counts[k])
 	}
 	row("unexpected exits", "%s", formatExits(r.Unexpected))
-	row("postgres shutdowns that hung", "%d (fast mode waiting on the relay's walsender; see the fault log)", hung)
 	for _, c := range v.Checks {
 		row(c.Name, "%d", c.Count)
 	}

@@ -68,6 +68,7 @@ const (
 	CheckDeleted         = "rows left in deleted conversations"
 	CheckRetry           = "retries that made a second turn"
 	CheckClient          = "unexpected API answers"
+	CheckHungShutdown    = "postgres shutdowns that hung"
 )
 
 func (v *Verdict) check(name string) *Check {
