@@ -332,9 +332,10 @@ func (g *Group) Run(ctx context.Context) error {
 	}
 	<-drained
 	if ctx.Err() == nil {
-		// The iterator ends by itself only when the NATS connection was
-		// closed for good.
-		return fmt.Errorf("group %s: the NATS connection was closed", g.cfg.Name)
+		// The iterator ends by itself when the NATS connection was closed
+		// for good, or when the durable consumer was deleted (a stream
+		// recreated empty). Starting the group again provisions it anew.
+		return fmt.Errorf("group %s stopped receiving events: its consumer was deleted or the NATS connection closed; start it again to provision the consumer", g.cfg.Name)
 	}
 	g.log.Info().Msg("group stopped")
 	return nil
