@@ -190,7 +190,7 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	}
 	select {
 	case err := <-betaDone:
-		require.ErrorContains(t, err, "connection was closed", "a group whose connection closes stops with an error")
+		require.ErrorContains(t, err, "stopped receiving events", "a group whose connection closes stops with an error")
 	case <-time.After(30 * time.Second):
 		t.Fatal("group beta did not stop within 30s of losing its connection")
 	}
