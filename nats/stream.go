@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -114,9 +115,31 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) (
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	s, err := js.CreateOrUpdateStream(ctx, c.JetStreamConfig())
+	want := c.JetStreamConfig()
+	// Every process provisions on start; leave a stream that already has
+	// the configured settings alone, so a restart does not update it while
+	// others create consumers on it.
+	if s, err := js.Stream(ctx, c.Name); err == nil {
+		if have := s.CachedInfo().Config; sameStream(have, want) {
+			return s, nil
+		}
+	}
+	s, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
 		return nil, fmt.Errorf("provision stream %s: %w", c.Name, err)
 	}
 	return s, nil
+}
+
+// sameStream reports whether have already holds every setting Baton
+// provisions in want.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) &&
+		have.Description == want.Description &&
+		have.Retention == want.Retention &&
+		have.Storage == want.Storage &&
+		have.Replicas == want.Replicas &&
+		have.MaxAge == want.MaxAge &&
+		have.Duplicates == want.Duplicates &&
+		have.Discard == want.Discard
 }
