@@ -135,10 +135,6 @@ func (s *Server) routes() {
 	})
 }
 
-// Mux exposes the router so that other parts (the web page, events) can
-// register further routes before serving.
-func (s *Server) Mux() *http.ServeMux { return s.mux }
-
 // handle registers h under pattern with request metrics.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	s.mux.Handle(pattern, s.instrument(pattern, h))

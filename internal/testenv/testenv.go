@@ -192,16 +192,6 @@ func DropDatabase(admin, db string) {
 	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
 }
 
-// AdminURL returns a superuser URL to the package's server, starting it if
-// needed.
-func AdminURL(t testing.TB) string {
-	t.Helper()
-	if err := startServer(); err != nil {
-		t.Fatalf("testenv: start PostgreSQL: %v", err)
-	}
-	return adminURL
-}
-
 // EmptyDatabase creates a database with no migrations applied, dropped
 // when t ends, and returns its URL.
 func EmptyDatabase(t testing.TB) string {
