@@ -1,12 +1,11 @@
 package agent
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"time"
 
+	"github.com/batonhq/baton/internal/setting"
 	"github.com/rs/zerolog"
 )
 
@@ -112,23 +111,25 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate returns an error naming the first setting that is wrong and
-// how to set it.
+// Validate returns a *setting.Error for the first setting that is wrong.
 func (c Config) Validate() error {
 	u, err := url.Parse(c.BaseURL)
 	switch {
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-		return fmt.Errorf("model base URL %q is not an http(s) URL: set BATON_MODEL_BASE_URL (--model-base-url), such as http://127.0.0.1:8000/v1", c.BaseURL)
+		// The URL is not printed: it may carry credentials.
+		return setting.Errorf("BaseURL", "(not shown)", "not an http(s) URL: give the API root, such as http://127.0.0.1:8000/v1")
 	case c.Model == "":
-		return errors.New("no model: set BATON_MODEL (--model) to a model the server knows")
+		return setting.Errorf("Model", `""`, "give a model the server knows")
 	case c.RequestTimeout < 0:
-		return fmt.Errorf("model timeout %s is negative: give a positive duration (--model-timeout)", c.RequestTimeout)
+		return setting.Errorf("RequestTimeout", c.RequestTimeout, "negative: give a positive duration")
 	case c.MaxModelCalls < 1:
-		return fmt.Errorf("max model calls %d must be at least 1 (--max-model-calls)", c.MaxModelCalls)
+		return setting.Errorf("MaxModelCalls", c.MaxModelCalls, "must be at least 1")
 	case c.MaxToolIterations < 1:
-		return fmt.Errorf("max tool iterations %d must be at least 1 (--max-tool-iterations)", c.MaxToolIterations)
-	case c.RetryBaseDelay < 0 || c.MaxRetryDelay < 0:
-		return errors.New("agent: RetryBaseDelay and MaxRetryDelay must not be negative")
+		return setting.Errorf("MaxToolIterations", c.MaxToolIterations, "must be at least 1")
+	case c.RetryBaseDelay < 0:
+		return setting.Errorf("RetryBaseDelay", c.RetryBaseDelay, "must not be negative")
+	case c.MaxRetryDelay < 0:
+		return setting.Errorf("MaxRetryDelay", c.MaxRetryDelay, "must not be negative")
 	}
 	return nil
 }

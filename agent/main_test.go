@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
@@ -17,20 +16,7 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-func TestMain(m *testing.M) {
-	code := testenv.Main(m)
-	if code == 0 {
-		if err := goleak.Find(
-			// pgx pools close their background health checks asynchronously.
-			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
-		); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // executor runs tools like the turn runner's journal does, minus the
 // journal: for tests of the model loop alone. Tests of journaling run the

@@ -59,7 +59,7 @@ func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.Too
 	if turn.Attempt > 1 {
 		// Subscribers of the conversation drop what an earlier attempt
 		// showed.
-		lv.publish(batonnats.LiveReset, "")
+		lv.publish(batonnats.DeltaReset, "")
 	}
 	t := &turnLoop{OpenAI: a, log: log, live: lv, tools: tools, ids: map[string]bool{}}
 	reply, err := t.run(ctx, messages(a.cfg.SystemPrompt, turn))

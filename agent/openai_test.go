@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -283,18 +283,22 @@ func TestRepeatedOrMissingToolCallIDsGetUniqueOnes(t *testing.T) {
 func TestConfigValidateNamesTheSetting(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		cfg  agent.Config
-		want string
+		cfg   agent.Config
+		field string
+		value any
 	}{
-		{agent.Config{Model: "m", BaseURL: "localhost:8000"}, "BATON_MODEL_BASE_URL"},
-		{agent.Config{}, "BATON_MODEL (--model)"},
-		{agent.Config{Model: "m", MaxModelCalls: -1}, "--max-model-calls"},
-		{agent.Config{Model: "m", MaxToolIterations: -1}, "--max-tool-iterations"},
-		{agent.Config{Model: "m", RequestTimeout: -time.Second}, "--model-timeout"},
+		{agent.Config{Model: "m", BaseURL: "localhost:8000"}, "BaseURL", "(not shown)"},
+		{agent.Config{}, "Model", `""`},
+		{agent.Config{Model: "m", MaxModelCalls: -1}, "MaxModelCalls", -1},
+		{agent.Config{Model: "m", MaxToolIterations: -1}, "MaxToolIterations", -1},
+		{agent.Config{Model: "m", RequestTimeout: -time.Second}, "RequestTimeout", -time.Second},
 	} {
 		err := tc.cfg.WithDefaults().Validate()
-		require.Error(t, err)
-		require.True(t, strings.Contains(err.Error(), tc.want), "%q should name %s", err, tc.want)
+		var se *setting.Error
+		require.True(t, errors.As(err, &se), "%v should be a *setting.Error", err)
+		require.Equal(t, tc.field, se.Field)
+		require.Equal(t, tc.value, se.Value)
+		require.NotEmpty(t, se.Problem)
 	}
 	cfg := agent.Config{Model: "m"}.WithDefaults()
 	require.NoError(t, cfg.Validate())

@@ -17,6 +17,7 @@ import (
 	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -66,8 +67,8 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 	require.NoError(t, err)
 	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
 	s.startWorker(a, reg, nil)
-	failed := s.await("conv-kill", consumer.StateReplied, consumer.StateFailed)
-	require.Equal(t, consumer.StateFailed, failed.State, "an attempt that completed a write is not re-run")
+	failed := s.await("conv-kill", batonnats.EventReplied, batonnats.EventFailed)
+	require.Equal(t, batonnats.EventFailed, failed.Type, "an attempt that completed a write is not re-run")
 
 	var content string
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1 AND role = $2`, failed.MessageID, schema.RoleError).Scan(&content))

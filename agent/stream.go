@@ -36,12 +36,12 @@ func newLive(pub Publisher, conversationID, runID string, log zerolog.Logger) *l
 	return &live{pub: pub, subject: batonnats.LiveSubject(conversationID, runID), runID: runID, log: log}
 }
 
-func (l *live) publish(t batonnats.LiveEventType, text string) {
+func (l *live) publish(t batonnats.DeltaType, text string) {
 	if l.pub == nil {
 		return
 	}
 	l.seq++
-	data, err := json.Marshal(batonnats.LiveEvent{RunID: l.runID, Seq: l.seq, Type: t, Text: text})
+	data, err := json.Marshal(batonnats.LiveDelta{RunID: l.runID, Seq: l.seq, Type: t, Text: text})
 	if err == nil {
 		err = l.pub.Publish(l.subject, data)
 	}
@@ -56,7 +56,7 @@ func (l *live) delta(text string) {
 		return
 	}
 	l.step.WriteString(text)
-	l.publish(batonnats.LiveDelta, text)
+	l.publish(batonnats.DeltaText, text)
 }
 
 // separate starts a step's text on its own paragraph when text stands
@@ -74,7 +74,7 @@ func (l *live) retry() {
 		return
 	}
 	l.step.Reset()
-	l.publish(batonnats.LiveReset, l.stands.String())
+	l.publish(batonnats.DeltaReset, l.stands.String())
 }
 
 // commit makes the step's text stand. text is the step's whole content as
@@ -96,7 +96,7 @@ func (l *live) commit(text string) {
 		l.delta(strings.TrimPrefix(sep+text, streamed))
 	default:
 		l.step.Reset()
-		l.publish(batonnats.LiveReset, l.stands.String()+sep+text)
+		l.publish(batonnats.DeltaReset, l.stands.String()+sep+text)
 	}
 	l.stands.WriteString(sep + text)
 	l.step.Reset()
@@ -106,7 +106,7 @@ func (l *live) commit(text string) {
 func (l *live) text() string { return l.stands.String() }
 
 // done tells subscribers the agent finished.
-func (l *live) done() { l.publish(batonnats.LiveDone, "") }
+func (l *live) done() { l.publish(batonnats.DeltaDone, "") }
 
 // failed voids everything the run showed: its attempt produced no reply.
 func (l *live) failed() {
@@ -115,5 +115,5 @@ func (l *live) failed() {
 	}
 	l.stands.Reset()
 	l.step.Reset()
-	l.publish(batonnats.LiveReset, "")
+	l.publish(batonnats.DeltaReset, "")
 }

@@ -29,23 +29,23 @@ func liveSetup(t *testing.T, conversationID, runID string) (pub *natsclient.Conn
 }
 
 // liveEvents reads the run's events up to its done event.
-func liveEvents(t *testing.T, pub *natsclient.Conn, sub *natsclient.Subscription) []batonnats.LiveEvent {
+func liveEvents(t *testing.T, pub *natsclient.Conn, sub *natsclient.Subscription) []batonnats.LiveDelta {
 	t.Helper()
 	require.NoError(t, pub.Flush())
-	var out []batonnats.LiveEvent
+	var out []batonnats.LiveDelta
 	for {
 		msg, err := sub.NextMsg(5 * time.Second)
 		require.NoError(t, err, "waiting for live event %d", len(out)+1)
-		e, err := batonnats.ParseLiveEvent(msg.Data)
+		e, err := batonnats.ParseLiveDelta(msg.Data)
 		require.NoError(t, err)
 		out = append(out, e)
-		if e.Type == batonnats.LiveDone {
+		if e.Type == batonnats.DeltaDone {
 			return out
 		}
 	}
 }
 
-func requireSequenced(t *testing.T, runID string, events []batonnats.LiveEvent) {
+func requireSequenced(t *testing.T, runID string, events []batonnats.LiveDelta) {
 	t.Helper()
 	for i, e := range events {
 		require.Equal(t, runID, e.RunID)
@@ -75,7 +75,7 @@ func TestStreamedDeltasArriveInOrderAndAddUpToTheReply(t *testing.T) {
 	requireSequenced(t, turn.RunID, events)
 	var text string
 	for _, e := range events[:len(events)-1] {
-		require.Equal(t, batonnats.LiveDelta, e.Type, "event %d: a clean turn has only deltas before done", e.Seq)
+		require.Equal(t, batonnats.DeltaText, e.Type, "event %d: a clean turn has only deltas before done", e.Seq)
 		text += e.Text
 	}
 	require.Greater(t, len(events), 20, "the reply must stream in many pieces, not at once")
@@ -101,13 +101,13 @@ func TestARetriedStreamResetsTheLiveReply(t *testing.T) {
 	require.Equal(t, "Dra", events[0].Text)
 	resets := 0
 	for _, e := range events {
-		if e.Type == batonnats.LiveReset {
+		if e.Type == batonnats.DeltaReset {
 			resets++
 			require.Empty(t, e.Text, "nothing stood before the cut step")
 		}
 	}
 	require.Equal(t, 1, resets, "one reset for the one step that streamed before it failed")
-	require.Equal(t, batonnats.LiveReset, events[3].Type, "the reset follows the three chunks that arrived")
+	require.Equal(t, batonnats.DeltaReset, events[3].Type, "the reset follows the three chunks that arrived")
 	require.Equal(t, reply.Content, batonnats.LiveText(events))
 }
 
@@ -122,18 +122,18 @@ func TestALaterAttemptStartsWithAResetAndAFailedOneEndsWithOne(t *testing.T) {
 	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
 
 	require.NoError(t, pub.Flush())
-	var events []batonnats.LiveEvent
+	var events []batonnats.LiveDelta
 	for {
 		msg, err := sub.NextMsg(5 * time.Second)
 		require.NoError(t, err)
-		e, err := batonnats.ParseLiveEvent(msg.Data)
+		e, err := batonnats.ParseLiveDelta(msg.Data)
 		require.NoError(t, err)
 		events = append(events, e)
-		if len(events) > 1 && e.Type == batonnats.LiveReset {
+		if len(events) > 1 && e.Type == batonnats.DeltaReset {
 			break
 		}
 	}
 	requireSequenced(t, turn.RunID, events)
-	require.Equal(t, batonnats.LiveReset, events[0].Type, "a second attempt first clears what the first one showed")
+	require.Equal(t, batonnats.DeltaReset, events[0].Type, "a second attempt first clears what the first one showed")
 	require.Equal(t, "", batonnats.LiveText(events), "a failed attempt leaves nothing shown")
 }

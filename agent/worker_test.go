@@ -38,13 +38,13 @@ type stack struct {
 	js     jetstream.JetStream
 	stream batonnats.StreamConfig
 	owner  int64
-	states chan consumer.StateChange
+	states chan batonnats.ConversationEvent
 }
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	ctx := context.Background()
-	s := &stack{t: t, db: testenv.Database(t), states: make(chan consumer.StateChange, 64)}
+	s := &stack{t: t, db: testenv.Database(t), states: make(chan batonnats.ConversationEvent, 64)}
 	s.nc, s.js = testenv.StartNATS(t).Connect(t)
 	s.stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
 	_, err := batonnats.EnsureStream(ctx, s.js, s.stream)
@@ -91,18 +91,18 @@ func newStack(t *testing.T) *stack {
 func (s *stack) startWorker(a consumer.Agent, reg *agent.Registry, change func(*consumer.Config)) (stop func()) {
 	s.t.Helper()
 	cfg := consumer.Config{
-		Pool:             s.db.Pool,
-		JetStream:        s.js,
-		Stream:           s.stream,
-		Agent:            a,
-		Tools:            reg.Tools(),
-		Lease:            2 * time.Second,
-		Debounce:         consumer.NoDebounce,
-		BusyDelay:        50 * time.Millisecond,
-		RetryDelay:       200 * time.Millisecond,
-		RecoveryInterval: 500 * time.Millisecond,
-		ShutdownTimeout:  3 * time.Second,
-		OnStateChange:    func(c consumer.StateChange) { s.states <- c },
+		Pool:                s.db.Pool,
+		JetStream:           s.js,
+		Stream:              s.stream,
+		Agent:               a,
+		Tools:               reg.Tools(),
+		Lease:               2 * time.Second,
+		Debounce:            consumer.NoDebounce,
+		BusyDelay:           50 * time.Millisecond,
+		RetryDelay:          200 * time.Millisecond,
+		RecoveryInterval:    500 * time.Millisecond,
+		ShutdownTimeout:     3 * time.Second,
+		OnConversationEvent: func(c batonnats.ConversationEvent) { s.states <- c },
 	}
 	if change != nil {
 		change(&cfg)
@@ -148,7 +148,7 @@ func (s *stack) send(conversationID, messageID, content string) {
 
 // await returns the first committed state change of the conversation to
 // one of want.
-func (s *stack) await(conversationID string, want ...consumer.State) consumer.StateChange {
+func (s *stack) await(conversationID string, want ...batonnats.EventType) batonnats.ConversationEvent {
 	s.t.Helper()
 	timeout := time.After(30 * time.Second)
 	for {
@@ -158,7 +158,7 @@ func (s *stack) await(conversationID string, want ...consumer.State) consumer.St
 				continue
 			}
 			for _, w := range want {
-				if c.State == w {
+				if c.Type == w {
 					return c
 				}
 			}
@@ -246,8 +246,8 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 	require.NoError(t, s.nc.Flush())
 
 	s.send("conv-ticket", "m1", "my printer is on fire, open a ticket")
-	replied := s.await("conv-ticket", consumer.StateReplied, consumer.StateFailed)
-	require.Equal(t, consumer.StateReplied, replied.State)
+	replied := s.await("conv-ticket", batonnats.EventReplied, batonnats.EventFailed)
+	require.Equal(t, batonnats.EventReplied, replied.Type)
 
 	var role, content string
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
@@ -278,12 +278,12 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 	require.Len(t, model.Requests(), 4)
 
 	// What streamed live on the run's subject is the committed reply.
-	var events []batonnats.LiveEvent
-	for len(events) == 0 || events[len(events)-1].Type != batonnats.LiveDone {
+	var events []batonnats.LiveDelta
+	for len(events) == 0 || events[len(events)-1].Type != batonnats.DeltaDone {
 		msg, err := live.NextMsg(5 * time.Second)
 		require.NoError(t, err)
 		require.Equal(t, batonnats.LiveSubject("conv-ticket", replied.RunID), msg.Subject)
-		e, err := batonnats.ParseLiveEvent(msg.Data)
+		e, err := batonnats.ParseLiveDelta(msg.Data)
 		require.NoError(t, err)
 		require.Equal(t, int64(len(events)+1), e.Seq)
 		events = append(events, e)
@@ -303,8 +303,8 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	s.startWorker(a, reg, func(c *consumer.Config) { c.MaxAttempts = 3 })
 
 	s.send("conv-401", "m1", "hello")
-	failed := s.await("conv-401", consumer.StateReplied, consumer.StateFailed)
-	require.Equal(t, consumer.StateFailed, failed.State)
+	failed := s.await("conv-401", batonnats.EventReplied, batonnats.EventFailed)
+	require.Equal(t, batonnats.EventFailed, failed.Type)
 	var role, content string
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
 		`SELECT role, content FROM messages WHERE id = $1`, failed.MessageID).Scan(&role, &content))
@@ -338,8 +338,8 @@ func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T
 	<-model.Arrived()
 	stop()
 
-	failed := s.await("conv-cut", consumer.StateReplied, consumer.StateFailed, consumer.StatePending)
-	require.Equal(t, consumer.StateFailed, failed.State, "an attempt that completed a write must not go back to pending")
+	failed := s.await("conv-cut", batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending)
+	require.Equal(t, batonnats.EventFailed, failed.Type, "an attempt that completed a write must not go back to pending")
 	var content string
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1`, failed.MessageID).Scan(&content))
 	require.Contains(t, content, `"open_ticket"`)

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -153,9 +152,9 @@ func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		// A user's retry is announced like a sweep: its label is the time,
-		// so a second retry within the duplicate window is not swallowed.
-		return relay.AnnounceTx(r.Context(), tx, batonnats.ReasonSweep, ids)
+		// A user's retry is labelled with the time, so a second retry
+		// within the duplicate window is not swallowed.
+		return schema.AnnounceTx(r.Context(), tx, batonnats.ReasonUserRetry, ids)
 	})
 	switch {
 	case errors.Is(err, schema.ErrNotFound):

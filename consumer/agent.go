@@ -42,11 +42,11 @@ type Reply struct {
 
 // Effect says whether a tool changes the world. Recovery depends on it: an
 // interrupted attempt that started a write is never re-run silently.
-type Effect string
+type Effect = schema.Effect
 
 const (
-	EffectRead  Effect = "read"
-	EffectWrite Effect = "write"
+	EffectRead  = schema.EffectRead
+	EffectWrite = schema.EffectWrite
 )
 
 // Tool is one versioned capability an agent may call.

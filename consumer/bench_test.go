@@ -70,7 +70,7 @@ func BenchmarkTurns(b *testing.B) {
 	bb := setup(b)
 	ctx := context.Background()
 	const conversations = 1000
-	_, err := bb.db.Pool.Exec(ctx, `INSERT INTO conversations (id, owner_id) SELECT 'bench-' || i, $1 FROM generate_series(1, $2) i`, bb.owner, conversations)
+	_, err := bb.DB.Pool.Exec(ctx, `INSERT INTO conversations (id, owner_id) SELECT 'bench-' || i, $1 FROM generate_series(1, $2) i`, bb.Owner, conversations)
 	require.NoError(b, err)
 	cfg := bb.testConfig()
 	cfg.Lease = 30 * time.Second
@@ -86,20 +86,20 @@ func BenchmarkTurns(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			for i := g; i < b.N; i += producers {
-				bb.send(fmt.Sprintf("bench-%d", i%conversations+1), fmt.Sprintf("m%d", i), "hello")
+				bb.Send(fmt.Sprintf("bench-%d", i%conversations+1), fmt.Sprintf("m%d", i), "hello")
 			}
 		}()
 	}
 	wg.Wait()
-	bb.eventually(10*time.Minute, func() bool {
-		return bb.count(`SELECT count(*) FROM agent_outbox WHERE status <> 'done'`) == 0
+	bb.Eventually(10*time.Minute, func() bool {
+		return bb.Count(`SELECT count(*) FROM agent_outbox WHERE status <> 'done'`) == 0
 	}, "every message answered")
 	elapsed := time.Since(start)
 	b.StopTimer()
 
-	turns := bb.count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`)
+	turns := bb.Count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`)
 	var p50, p99 float64
-	require.NoError(b, bb.db.Pool.QueryRow(ctx, `
+	require.NoError(b, bb.DB.Pool.QueryRow(ctx, `
 		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY l), percentile_cont(0.99) WITHIN GROUP (ORDER BY l)
 		FROM (SELECT extract(epoch FROM r.finished_at - o.created_at) * 1000 AS l
 		      FROM agent_runs r JOIN agent_outbox o ON o.id = ANY(r.outbox_ids) WHERE r.status = 'finalized') x`).Scan(&p50, &p99))
@@ -107,7 +107,7 @@ func BenchmarkTurns(b *testing.B) {
 
 	script := filepath.Join(b.TempDir(), "turn.sql")
 	require.NoError(b, os.WriteFile(script, []byte(pgbenchTurn), 0o644))
-	out, err := exec.Command(pgbench, "-n", "-f", script, "-c", "8", "-j", "2", "-T", "10", bb.db.URL).CombinedOutput()
+	out, err := exec.Command(pgbench, "-n", "-f", script, "-c", "8", "-j", "2", "-T", "10", bb.DB.URL).CombinedOutput()
 	require.NoError(b, err, "pgbench: %s", out)
 	m := regexp.MustCompile(`tps = ([0-9.]+)`).FindSubmatch(out)
 	require.NotNil(b, m, "pgbench output has no tps: %s", out)

@@ -54,14 +54,14 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 		t.Run(tc.point, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			b.conversation("c")
+			b.Conversation("c")
 
 			cmd := exec.Command(bin, "worker",
-				"--database-url", b.db.URL,
-				"--nats-url", b.nats.URL,
-				"--stream", b.stream.Name,
-				"--subject-prefix", b.stream.SubjectPrefix,
-				"--partitions", strconv.Itoa(b.stream.Partitions),
+				"--database-url", b.DB.URL,
+				"--nats-url", b.NATS.URL,
+				"--stream", b.Stream.Name,
+				"--subject-prefix", b.Stream.SubjectPrefix,
+				"--partitions", strconv.Itoa(b.Stream.Partitions),
 				"--lease", "1s", "--ack-wait", "1s", "--debounce", "0",
 				"--log-format", "json")
 			cmd.Env = append(os.Environ(), CrashEnv+"="+tc.point)
@@ -79,7 +79,7 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 				<-exited
 			})
 
-			b.send("c", "m1", "please\n/tool notify hello")
+			b.Send("c", "m1", "please\n/tool notify hello")
 			select {
 			case <-exited:
 				var ee *exec.ExitError
@@ -93,8 +93,8 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 			b.startWorker(b.testConfig())
 			b.settled(30 * time.Second)
 
-			replies := b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`)
-			errs := b.count(`SELECT count(*) FROM messages WHERE role = 'error'`)
+			replies := b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`)
+			errs := b.Count(`SELECT count(*) FROM messages WHERE role = 'error'`)
 			switch tc.outcome {
 			case "replied":
 				require.Equal(t, 1, replies, "the turn completes once")
@@ -105,11 +105,11 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 				require.Equal(t, 1, errs, "it fails visibly")
 				require.Equal(t, "error", b.statusOf("m1"))
 				var content string
-				require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
+				require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
 				require.Contains(t, content, `"notify"`, "the error names the action that may have taken effect")
 			}
-			require.Equal(t, 1, b.count(`SELECT count(*) FROM tool_side_effects`), "the side effect happened exactly once")
-			require.Zero(t, b.count(`SELECT count(*) FROM (SELECT operation_id FROM tool_side_effects GROUP BY operation_id HAVING count(*) > 1) d`),
+			require.Equal(t, 1, b.Count(`SELECT count(*) FROM tool_side_effects`), "the side effect happened exactly once")
+			require.Zero(t, b.Count(`SELECT count(*) FROM (SELECT operation_id FROM tool_side_effects GROUP BY operation_id HAVING count(*) > 1) d`),
 				"no operation executed twice")
 		})
 	}

@@ -119,9 +119,7 @@ func (n NotifyTool) Call(ctx context.Context, inv Invocation) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, err := n.DB.Exec(ctx, `
-		INSERT INTO tool_side_effects (operation_id, idempotency_key, conversation_id, payload)
-		VALUES ($1, $2, $3, $4)`, inv.OperationID, inv.IdempotencyKey, inv.ConversationID, text); err != nil {
+	if err := schema.RecordSideEffect(ctx, n.DB, inv.OperationID, inv.IdempotencyKey, inv.ConversationID, text); err != nil {
 		return "", fmt.Errorf("notify: %w", err)
 	}
 	return "notified", nil

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -48,7 +47,7 @@ func (w *Worker) recoverExpired(ctx context.Context) error {
 			for _, r := range recs {
 				retry = append(retry, r.RetryIDs...)
 			}
-			return relay.AnnounceTx(ctx, tx, batonnats.ReasonRetry, retry)
+			return schema.AnnounceTx(ctx, tx, batonnats.ReasonRetry, retry)
 		})
 		if err != nil {
 			return err
@@ -70,9 +69,9 @@ func (w *Worker) recovered(r schema.Recovery) {
 	w.metrics.recoveries.WithLabelValues(r.Outcome).Inc()
 	w.log.Info().Str("conversation_id", r.ConversationID).Str("run_id", r.RunID).Str("turn_id", r.TurnID).
 		Str("outcome", r.Outcome).Msg("recovered run")
-	s := StateChange{ConversationID: r.ConversationID, RunID: r.RunID, TurnID: r.TurnID, State: StatePending, OutboxIDs: r.RetryIDs}
+	s := batonnats.ConversationEvent{ConversationID: r.ConversationID, RunID: r.RunID, TurnID: r.TurnID, Type: batonnats.EventPending, OutboxIDs: r.RetryIDs}
 	if r.Outcome == schema.RecoveryFailed {
-		s.State, s.OutboxIDs, s.MessageID = StateFailed, r.FailedIDs, r.ErrorMessageID
+		s.Type, s.OutboxIDs, s.MessageID = batonnats.EventFailed, r.FailedIDs, r.ErrorMessageID
 	}
-	w.stateChanged(s)
+	w.emit(s)
 }

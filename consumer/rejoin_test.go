@@ -18,18 +18,18 @@ func TestWorkerRejoinsAStreamRecreatedEmpty(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.conversation("c")
+	b.Conversation("c")
 	b.startWorker(b.testConfig())
-	b.send("c", "m1", "before")
+	b.Send("c", "m1", "before")
 	b.settled(30 * time.Second)
 
-	require.NoError(t, b.js.DeleteStream(ctx, b.stream.Name))
-	_, err := batonnats.EnsureStream(ctx, b.js, b.stream)
+	require.NoError(t, b.JS.DeleteStream(ctx, b.Stream.Name))
+	_, err := batonnats.EnsureStream(ctx, b.JS, b.Stream)
 	require.NoError(t, err)
 
-	b.send("c", "m2", "after")
-	b.eventually(30*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM agent_outbox WHERE status = 'done'`) == 2
+	b.Send("c", "m2", "after")
+	b.Eventually(30*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM agent_outbox WHERE status = 'done'`) == 2
 	}, "the message sent after the stream was recreated is answered")
-	require.Equal(t, 2, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,7 +11,6 @@ import (
 	"github.com/rs/zerolog"
 
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -75,7 +73,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	w.metrics.turnsStarted.Inc()
 	w.metrics.attempts.Observe(float64(claim.Attempts))
 	w.metrics.insertToClaim.Observe(time.Since(claim.FirstCreatedAt).Seconds())
-	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateProcessing, OutboxIDs: claim.OutboxIDs})
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventProcessing, OutboxIDs: claim.OutboxIDs})
 	log.Debug().Ints64("outbox_ids", claim.OutboxIDs).Int("attempt", claim.Attempts).Msg("turn claimed")
 	w.crash.at(CrashAfterClaim)
 
@@ -91,7 +89,7 @@ var errShutdown = errors.New("worker is shutting down")
 func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
 	turnCtx, cancel := context.WithCancelCause(w.hardCtx)
 	defer cancel(nil)
-	stopHeartbeat := w.heartbeat(turnCtx, cancel, log, mb, batch, claim)
+	stopRenewal := w.renewLease(turnCtx, cancel, log, mb, batch, claim)
 
 	reply, err := func() (Reply, error) {
 		in, err := schema.LoadTurn(turnCtx, w.cfg.Pool, claim.ConversationID, claim.OutboxIDs, w.cfg.HistoryLimit)
@@ -108,7 +106,7 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 			History:        in.History,
 		}, &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics})
 	}()
-	stopHeartbeat()
+	stopRenewal()
 	if cause := context.Cause(turnCtx); cause != nil && turnCtx.Err() != nil {
 		err = cause
 		if w.hardCtx.Err() != nil {
@@ -132,55 +130,6 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 		w.giveUp(ctx, log, batch, claim)
 	default:
 		w.failAttempt(ctx, log, batch, claim, err)
-	}
-}
-
-// heartbeat renews the lease and keeps the triggers from redelivery while
-// the turn runs. When the lease cannot be renewed before it expires, or
-// the conversation is gone, it ends the turn's context with the reason. The
-// returned function stops it and waits for it.
-func (w *Worker) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		until := claim.LeaseExpiresAt
-		tick := time.NewTicker(w.progressInterval())
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			w.progress(mb, batch)
-			renewed, err := schema.RenewLease(ctx, w.cfg.Pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
-			switch {
-			case err == nil:
-				until = renewed
-			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
-				cancel(err)
-				return
-			case ctx.Err() != nil:
-				return
-			default:
-				log.Warn().Err(err).Time("lease_expires_at", until).Msg("renew lease")
-				// Keep trying while the lease holds; past it another
-				// worker may own the conversation, so the turn must stop.
-				if time.Now().Add(w.progressInterval()).After(until) {
-					cancel(schema.ErrLeaseLost)
-					return
-				}
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(stop) })
-		wg.Wait()
 	}
 }
 
@@ -225,7 +174,7 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetst
 	ackAll(batch)
 	w.metrics.turnsFinished.WithLabelValues("replied").Inc()
 	w.metrics.insertToFinal.Observe(time.Since(claim.FirstCreatedAt).Seconds())
-	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateReplied, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventReplied, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
 	log.Debug().Str("message_id", out.MessageID).Int64("operations", out.Operations).Msg("turn replied")
 }
 
@@ -237,7 +186,7 @@ func (w *Worker) cancelled(ctx context.Context, log zerolog.Logger, batch []jets
 	_ = schema.MarkRun(ctx, w.cfg.Pool, claim.RunID, "cancelled", "conversation deleted during the turn")
 	ackAll(batch)
 	w.metrics.turnsFinished.WithLabelValues("cancelled").Inc()
-	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateCancelled, OutboxIDs: claim.OutboxIDs})
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventCancelled, OutboxIDs: claim.OutboxIDs})
 	log.Info().Msg("conversation deleted during the turn; result discarded")
 }
 
@@ -271,7 +220,7 @@ func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []je
 		if err != nil {
 			return err
 		}
-		return relay.AnnounceTx(ctx, tx, batonnats.ReasonRetry, out.RetryIDs)
+		return schema.AnnounceTx(ctx, tx, batonnats.ReasonRetry, out.RetryIDs)
 	})
 	switch {
 	case errors.Is(err, schema.ErrConversationDeleted):
@@ -290,12 +239,12 @@ func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []je
 	ackAll(batch)
 	if out.GaveUp {
 		w.metrics.turnsFinished.WithLabelValues("failed").Inc()
-		w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StateFailed, OutboxIDs: claim.OutboxIDs, MessageID: out.ErrorMessageID})
+		w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventFailed, OutboxIDs: claim.OutboxIDs, MessageID: out.ErrorMessageID})
 		log.Warn().Err(cause).Int("attempts", out.Attempts).Msg("turn failed; error shown in the conversation")
 		return
 	}
 	w.metrics.turnsFinished.WithLabelValues("retried").Inc()
-	w.stateChanged(StateChange{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, State: StatePending, OutboxIDs: claim.OutboxIDs})
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventPending, OutboxIDs: claim.OutboxIDs})
 	log.Info().Err(cause).Int("attempts", out.Attempts).Msg("attempt failed; turn announced again")
 }
 
@@ -310,7 +259,7 @@ func (w *Worker) giveUp(ctx context.Context, log zerolog.Logger, batch []jetstre
 		if err != nil {
 			return err
 		}
-		return relay.AnnounceTx(ctx, tx, batonnats.ReasonRetry, r.RetryIDs)
+		return schema.AnnounceTx(ctx, tx, batonnats.ReasonRetry, r.RetryIDs)
 	})
 	if err != nil {
 		// The lease expires and another worker recovers the run.

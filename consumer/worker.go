@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/batonhq/baton/consumer/pull"
+	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -95,11 +97,16 @@ type Config struct {
 	// Registerer receives the worker's metrics. Defaults to a private
 	// registry.
 	Registerer prometheus.Registerer
-	// OnStateChange, when set, is called after each commit that changes a
-	// conversation's turn state (claimed, replied, back to pending, failed,
-	// cancelled), from the goroutine that committed it. It must not block
-	// for long. Defaults to none.
-	OnStateChange func(StateChange)
+	// OnConversationEvent, when set, is called after each commit that
+	// changes a conversation's turn (processing, replied, pending again,
+	// failed, cancelled), from the goroutine that committed it: a change
+	// is reported only once it committed, so whoever publishes it never
+	// announces what did not happen. It must not block for long. Defaults
+	// to none.
+	OnConversationEvent func(batonnats.ConversationEvent)
+	// OnRejoin, when set, is called after the worker found its durable
+	// consumer gone and created it again. Defaults to none.
+	OnRejoin func()
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -153,33 +160,42 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate returns an error naming the first setting that is wrong. It does
-// not look at the connections (Pool, JetStream), which New requires.
+// Validate returns a *setting.Error for the first setting that is wrong.
+// It does not look at the connections (Pool, JetStream), which New
+// requires.
 func (c Config) Validate() error {
 	switch {
 	case c.Debounce < 0 && c.Debounce != NoDebounce:
-		return fmt.Errorf("debounce %s is negative: give 0 for none (--debounce / BATON_DEBOUNCE)", c.Debounce)
+		return setting.Errorf("Debounce", c.Debounce, "negative: give NoDebounce to claim at once")
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("max attempts %d must be at least 1 (--max-attempts / BATON_MAX_ATTEMPTS)", c.MaxAttempts)
+		return setting.Errorf("MaxAttempts", c.MaxAttempts, "must be at least 1")
 	case c.Lease < 100*time.Millisecond:
-		return fmt.Errorf("lease %s is too short: give at least 100ms, and far more than a database round trip (--lease / BATON_LEASE)", c.Lease)
+		return setting.Errorf("Lease", c.Lease, "too short: give at least 100ms, and far more than a database round trip")
 	case c.Concurrency < 1:
-		return fmt.Errorf("concurrency %d must be at least 1 (--concurrency / BATON_CONCURRENCY)", c.Concurrency)
-	case c.BusyDelay <= 0 || c.RetryDelay <= 0 || c.RecoveryInterval <= 0 || c.ShutdownTimeout <= 0:
-		return errors.New("consumer: BusyDelay, RetryDelay, RecoveryInterval and ShutdownTimeout must be positive")
+		return setting.Errorf("Concurrency", c.Concurrency, "must be at least 1")
+	case c.BusyDelay <= 0:
+		return setting.Errorf("BusyDelay", c.BusyDelay, "must be positive")
+	case c.RetryDelay <= 0:
+		return setting.Errorf("RetryDelay", c.RetryDelay, "must be positive")
+	case c.RecoveryInterval <= 0:
+		return setting.Errorf("RecoveryInterval", c.RecoveryInterval, "must be positive")
+	case c.ShutdownTimeout <= 0:
+		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
 	case c.Consumer.AckWait <= c.Lease/3:
 		// A turn signals progress once per renewal, every third of the
 		// lease: an ack wait shorter than that redelivers running turns.
-		return fmt.Errorf("ack wait %s must exceed a third of the lease %s, the interval of progress signals (--ack-wait, --lease)", c.Consumer.AckWait, c.Lease)
+		return setting.Errorf("Consumer.AckWait", c.Consumer.AckWait, "must exceed a third of the lease %s, the interval of progress signals", c.Lease)
 	}
 	if err := c.Stream.Validate(); err != nil {
-		return err
+		return setting.Within("Stream", err)
 	}
 	if err := c.Consumer.Validate(); err != nil {
-		return err
+		return setting.Within("Consumer", err)
 	}
-	_, err := parseCrash(c.CrashAt)
-	return err
+	if _, err := parseCrash(c.CrashAt); err != nil {
+		return setting.Errorf("CrashAt", c.CrashAt, "%v", err)
+	}
+	return nil
 }
 
 // Worker runs turns for one process of the consumer group.
@@ -231,21 +247,21 @@ func New(cfg Config) (*Worker, error) {
 // within ShutdownTimeout and gives up the rest. It returns nil after a
 // shutdown, with no goroutine left behind.
 func (w *Worker) Run(ctx context.Context) error {
-	cons, err := batonnats.EnsureConsumer(ctx, w.cfg.JetStream, w.cfg.Stream, w.cfg.Consumer)
+	loop, err := pull.New(pull.Config{
+		JetStream:     w.cfg.JetStream,
+		Stream:        w.cfg.Stream,
+		Consumer:      w.cfg.Consumer,
+		MaxMessages:   max(2*w.cfg.Concurrency, pull.DefaultMaxMessages),
+		CheckInterval: w.cfg.RecoveryInterval,
+		Logger:        &w.log,
+		OnRejoin:      w.cfg.OnRejoin,
+	})
 	if err != nil {
-		if ctx.Err() != nil {
-			// Stopped while starting: a shutdown, not a failure.
-			return nil
-		}
 		return err
 	}
 	// Leases left by workers that died while this one was down.
 	if err := w.recoverExpired(ctx); err != nil && ctx.Err() == nil {
 		w.log.Error().Err(err).Msg("recover expired leases at start")
-	}
-	sub := &subscription{}
-	if err := sub.open(cons, w.pullOptions()...); err != nil {
-		return fmt.Errorf("consume %s/%s: %w", w.cfg.Stream.Name, w.cfg.Consumer.Name, err)
 	}
 
 	hardCtx, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -256,53 +272,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.stopping = make(chan struct{})
 
 	var loops sync.WaitGroup
-	loops.Add(3)
-	go func() {
-		defer loops.Done()
-		<-ctx.Done()
-		// Drain hands over what was already fetched; dispatch returns it
-		// to the group at once instead of leaving it to the ack wait.
-		sub.drain()
-	}()
-	go func() {
-		defer loops.Done()
-		w.recoveryLoop(ctx)
-	}()
-	go func() {
-		defer loops.Done()
-		w.watchConsumer(ctx, sub)
-	}()
+	loops.Go(func() { w.recoveryLoop(ctx) })
 	w.log.Info().Str("stream", w.cfg.Stream.Name).Str("consumer", w.cfg.Consumer.Name).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
-
-	for {
-		iter := sub.current()
-		msg, err := iter.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				// Closed by shutdown, or by the client library when the
-				// consumer was deleted: then watchConsumer opens another.
-				if ctx.Err() != nil || !sub.await(ctx, iter) {
-					break
-				}
-				continue
-			}
-			if ctx.Err() == nil {
-				w.log.Warn().Err(err).Msg("fetch triggers")
-				// A broker that is away answers at once; do not spin.
-				select {
-				case <-ctx.Done():
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			_ = msg.Nak()
-			continue
-		}
-		w.dispatch(msg)
-	}
-	sub.stop()
+	runErr := loop.Run(ctx, w.dispatch)
 
 	w.mu.Lock()
 	close(w.stopping)
@@ -320,13 +292,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-done
 	}
 	loops.Wait()
+	if runErr != nil {
+		return runErr
+	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
 
-// stateChanged reports a committed state change.
-func (w *Worker) stateChanged(s StateChange) {
-	if w.cfg.OnStateChange != nil {
-		w.cfg.OnStateChange(s)
+// emit reports a committed change of a conversation's turn.
+func (w *Worker) emit(ev batonnats.ConversationEvent) {
+	if w.cfg.OnConversationEvent != nil {
+		w.cfg.OnConversationEvent(ev)
 	}
 }

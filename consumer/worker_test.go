@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -21,7 +20,7 @@ func TestOneReplyPerTurnAcrossThreeWorkers(t *testing.T) {
 	b := setup(t)
 	const conversations, messages = 100, 1000
 	for i := range conversations {
-		b.conversation(fmt.Sprintf("conv.%d *>", i))
+		b.Conversation(fmt.Sprintf("conv.%d *>", i))
 	}
 	for i := range 3 {
 		cfg := b.testConfig()
@@ -35,26 +34,26 @@ func TestOneReplyPerTurnAcrossThreeWorkers(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := g; i < messages; i += 4 {
-				b.send(fmt.Sprintf("conv.%d *>", i%conversations), fmt.Sprintf("m%d", i), fmt.Sprintf("text %d", i))
+				b.Send(fmt.Sprintf("conv.%d *>", i%conversations), fmt.Sprintf("m%d", i), fmt.Sprintf("text %d", i))
 			}
 		}()
 	}
 	wg.Wait()
 	b.settled(90 * time.Second)
 
-	require.Equal(t, messages, b.count(`SELECT count(*) FROM agent_outbox WHERE status = 'done'`), "every row is done")
-	finalized := b.count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`)
-	require.Equal(t, finalized, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply per finalized turn")
-	require.Zero(t, b.count(`SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' GROUP BY turn_id HAVING count(*) > 1) d`), "no turn has two replies")
-	require.Equal(t, messages, b.count(`SELECT count(*) FROM (SELECT DISTINCT unnest(outbox_ids) FROM agent_runs WHERE status = 'finalized') d`), "every row was answered by a finalized turn")
-	require.Equal(t, messages, b.count(`SELECT count(*) FROM (SELECT unnest(outbox_ids) FROM agent_runs WHERE status = 'finalized') d`), "no row was answered twice")
-	require.Zero(t, b.count(`
+	require.Equal(t, messages, b.Count(`SELECT count(*) FROM agent_outbox WHERE status = 'done'`), "every row is done")
+	finalized := b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`)
+	require.Equal(t, finalized, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply per finalized turn")
+	require.Zero(t, b.Count(`SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' GROUP BY turn_id HAVING count(*) > 1) d`), "no turn has two replies")
+	require.Equal(t, messages, b.Count(`SELECT count(*) FROM (SELECT DISTINCT unnest(outbox_ids) FROM agent_runs WHERE status = 'finalized') d`), "every row was answered by a finalized turn")
+	require.Equal(t, messages, b.Count(`SELECT count(*) FROM (SELECT unnest(outbox_ids) FROM agent_runs WHERE status = 'finalized') d`), "no row was answered twice")
+	require.Zero(t, b.Count(`
 		SELECT count(*) FROM agent_runs a JOIN agent_runs b
 		  ON a.conversation_id = b.conversation_id AND a.id < b.id
 		 AND a.started_at < COALESCE(b.finished_at, 'infinity') AND b.started_at < COALESCE(a.finished_at, 'infinity')`),
 		"no two runs of one conversation overlapped in time")
 	// Each reply echoes exactly its turn's messages.
-	rows, err := b.db.Pool.Query(context.Background(), `
+	rows, err := b.DB.Pool.Query(context.Background(), `
 		SELECT m.content, (SELECT string_agg('echo: ' || um.content, E'\n' ORDER BY um.seq)
 		                   FROM agent_outbox o JOIN messages um ON um.id = o.message_id WHERE o.id = ANY(r.outbox_ids))
 		FROM messages m JOIN agent_runs r ON r.id = m.run_id WHERE m.role = 'assistant'`)
@@ -69,39 +68,39 @@ func TestOneReplyPerTurnAcrossThreeWorkers(t *testing.T) {
 func TestDebounceGathersRapidMessagesIntoOneTurn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.conversation("c")
+	b.Conversation("c")
 	cfg := b.testConfig()
 	cfg.Debounce = DefaultDebounce
 	b.startWorker(cfg)
 	for i := range 3 {
-		b.send("c", fmt.Sprintf("m%d", i), fmt.Sprintf("part %d", i))
+		b.Send("c", fmt.Sprintf("m%d", i), fmt.Sprintf("part %d", i))
 		time.Sleep(10 * time.Millisecond) // the scenario: messages 10 ms apart
 	}
 	b.settled(20 * time.Second)
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM agent_runs`), "three messages 10 ms apart make one turn")
-	require.Equal(t, 3, b.count(`SELECT cardinality(outbox_ids) FROM agent_runs`))
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs`), "three messages 10 ms apart make one turn")
+	require.Equal(t, 3, b.Count(`SELECT cardinality(outbox_ids) FROM agent_runs`))
 	var reply string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&reply))
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&reply))
 	require.Equal(t, "echo: part 0\necho: part 1\necho: part 2", reply)
 }
 
 func TestMessageDuringATurnBecomesTheNextTurn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.conversation("c")
+	b.Conversation("c")
 	b.startWorker(b.testConfig())
-	first := b.send("c", "m1", "/sleep 700ms\nfirst")
-	b.eventually(10*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM agent_runs WHERE status = 'running'`) == 1
+	first := b.Send("c", "m1", "/sleep 700ms\nfirst")
+	b.Eventually(10*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'running'`) == 1
 	}, "the first turn is claimed")
-	second := b.send("c", "m2", "second")
+	second := b.Send("c", "m2", "second")
 	b.settled(20 * time.Second)
-	rows, err := b.db.Pool.Query(context.Background(), `SELECT outbox_ids FROM agent_runs WHERE status = 'finalized' ORDER BY started_at`)
+	rows, err := b.DB.Pool.Query(context.Background(), `SELECT outbox_ids FROM agent_runs WHERE status = 'finalized' ORDER BY started_at`)
 	require.NoError(t, err)
 	turns, err := pgx.CollectRows(rows, pgx.RowTo[[]int64])
 	require.NoError(t, err)
 	require.Equal(t, [][]int64{{first}, {second}}, turns, "the message sent during the turn is the next turn")
-	require.Equal(t, 2, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
 // samePartition returns two conversation IDs in one partition.
@@ -118,30 +117,30 @@ func samePartition(partitions int) (string, string) {
 func TestLongTurnDoesNotDelayAnotherConversation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	slow, fast := samePartition(b.stream.Partitions)
-	b.conversation(slow)
-	b.conversation(fast)
-	b.conversation("warmup")
+	slow, fast := samePartition(b.Stream.Partitions)
+	b.Conversation(slow)
+	b.Conversation(fast)
+	b.Conversation("warmup")
 	cfg := b.testConfig()
 	cfg.Concurrency = 4
 	b.startWorker(cfg)
 	// The first turn pays for connections and the consumer's first fetch.
-	b.send("warmup", "w", "hello")
+	b.Send("warmup", "w", "hello")
 	b.settled(10 * time.Second)
 
-	b.send(slow, "s", "/sleep 5s\nslow")
-	b.eventually(10*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow) == 1
+	b.Send(slow, "s", "/sleep 5s\nslow")
+	b.Eventually(10*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow) == 1
 	}, "the slow turn runs")
 	start := time.Now()
-	b.send(fast, "f", "fast")
-	b.eventually(5*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'assistant'`, fast) == 1
+	b.Send(fast, "f", "fast")
+	b.Eventually(5*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'assistant'`, fast) == 1
 	}, "the fast conversation is answered while the slow one sleeps")
 	elapsed := time.Since(start)
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow), "the slow turn was still running")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow), "the slow turn was still running")
 	var latency time.Duration
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `
 		SELECT r.created_at - u.created_at FROM messages r, messages u WHERE r.conversation_id = $1 AND r.role = 'assistant' AND u.id = 'f'`, fast).Scan(&latency))
 	t.Logf("insert to reply in the fast conversation: %s (observed %s)", latency, elapsed)
 	require.Less(t, latency, 100*time.Millisecond, "a long turn elsewhere, even in the same partition, delays a turn by less than 100 ms")
@@ -151,58 +150,58 @@ func TestDuplicateTriggersAndReannouncementsMakeOneReply(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.conversation("c")
+	b.Conversation("c")
 	b.startWorker(b.testConfig())
-	id := b.send("c", "m1", "hello")
+	id := b.Send("c", "m1", "hello")
 	b.settled(10 * time.Second)
 
 	// The same trigger delivered again (a copy JetStream's duplicate
 	// window does not catch), and a re-announcement after the reply.
 	trigger := batonnats.Trigger{OutboxID: id, ConversationID: "c", MessageID: "m1", Reason: batonnats.ReasonInsert}
-	msg, err := trigger.Msg(b.stream.SubjectPrefix, b.stream.Partitions)
+	msg, err := trigger.Msg(b.Stream.SubjectPrefix, b.Stream.Partitions)
 	require.NoError(t, err)
 	msg.Header.Set(batonnats.HeaderMsgID, "copy-of-outbox-1")
-	_, err = b.js.PublishMsg(ctx, msg)
+	_, err = b.JS.PublishMsg(ctx, msg)
 	require.NoError(t, err)
-	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		return relay.AnnounceTx(ctx, tx, batonnats.ReasonSweep, []int64{id})
+	require.NoError(t, pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
+		return schema.AnnounceTx(ctx, tx, batonnats.ReasonSweep, []int64{id})
 	}))
-	b.eventually(10*time.Second, func() bool {
-		ci, err := b.js.Consumer(ctx, b.stream.Name, DefaultConsumerName)
+	b.Eventually(10*time.Second, func() bool {
+		ci, err := b.JS.Consumer(ctx, b.Stream.Name, DefaultConsumerName)
 		if err != nil {
 			return false
 		}
 		info, err := ci.Info(ctx)
 		return err == nil && info.Delivered.Stream >= 3 && info.NumAckPending == 0 && info.NumPending == 0
 	}, "the copy and the re-announcement are delivered and acked")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM agent_runs`), "no second run")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs`), "no second run")
 }
 
 func TestFailingEveryAttemptEndsInOneVisibleError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.conversation("c")
-	var st states
+	b.Conversation("c")
+	var st events
 	cfg := b.testConfig()
-	cfg.OnStateChange = st.record
+	cfg.OnConversationEvent = st.record
 	b.startWorker(cfg)
-	b.send("c", "m1", "/fail")
+	b.Send("c", "m1", "/fail")
 	b.settled(30 * time.Second)
 	require.Equal(t, []string{"error"}, []string{b.statusOf("m1")})
-	require.Equal(t, DefaultMaxAttempts, b.count(`SELECT count(*) FROM agent_runs WHERE status = 'failed'`), "every attempt is recorded")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM messages WHERE role = 'error'`), "one visible error")
-	require.Zero(t, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, DefaultMaxAttempts, b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'failed'`), "every attempt is recorded")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM messages WHERE role = 'error'`), "one visible error")
+	require.Zero(t, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
 	var content string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
 	require.Contains(t, content, "after 3 attempts")
-	require.True(t, st.has("c", StateFailed))
+	require.True(t, st.has("c", batonnats.EventFailed))
 }
 
 func (b *bundle) statusOf(messageID string) string {
-	b.t.Helper()
+	b.T.Helper()
 	var s string
-	require.NoError(b.t, b.db.Pool.QueryRow(context.Background(), `SELECT status FROM agent_outbox WHERE message_id = $1`, messageID).Scan(&s))
+	require.NoError(b.T, b.DB.Pool.QueryRow(context.Background(), `SELECT status FROM agent_outbox WHERE message_id = $1`, messageID).Scan(&s))
 	return s
 }
 
@@ -210,21 +209,21 @@ func TestDeletingTheConversationDuringATurnCancelsIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.conversation("c")
-	var st states
+	b.Conversation("c")
+	var st events
 	cfg := b.testConfig()
-	cfg.OnStateChange = st.record
+	cfg.OnConversationEvent = st.record
 	b.startWorker(cfg)
-	b.send("c", "m1", "/sleep 1500ms\nhello")
-	b.eventually(10*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM agent_runs WHERE status = 'running'`) == 1
+	b.Send("c", "m1", "/sleep 1500ms\nhello")
+	b.Eventually(10*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'running'`) == 1
 	}, "the turn runs")
-	require.NoError(t, schema.DeleteConversation(ctx, b.db.Pool, b.owner, "c"))
-	b.eventually(10*time.Second, func() bool { return st.has("c", StateCancelled) }, "the turn is cancelled")
+	require.NoError(t, schema.DeleteConversation(ctx, b.DB.Pool, b.Owner, "c"))
+	st.wait(t, 10*time.Second, "c", batonnats.EventCancelled)
 	b.settled(10 * time.Second)
-	require.Zero(t, b.count(`SELECT count(*) FROM conversations`), "nothing is recreated")
-	require.Zero(t, b.count(`SELECT count(*) FROM messages`), "no reply, no error")
-	require.False(t, st.has("c", StateFailed))
+	require.Zero(t, b.Count(`SELECT count(*) FROM conversations`), "nothing is recreated")
+	require.Zero(t, b.Count(`SELECT count(*) FROM messages`), "no reply, no error")
+	require.False(t, st.has("c", batonnats.EventFailed))
 }
 
 func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
@@ -234,21 +233,21 @@ func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
 	const runs = 20
 	for i := range runs {
 		c := fmt.Sprintf("c%d", i)
-		b.conversation(c)
-		b.send(c, c+"-m", "hello")
-		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		b.Conversation(c)
+		b.Send(c, c+"-m", "hello")
+		require.NoError(t, pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
 			_, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: c, RunID: c + "-dead", Worker: "dead", Lease: time.Minute, MaxAttempts: 3})
 			return err
 		}))
 	}
-	_, err := b.db.Pool.Exec(ctx, `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE run_id IS NOT NULL`)
+	_, err := b.DB.Pool.Exec(ctx, `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE run_id IS NOT NULL`)
 	require.NoError(t, err)
 
-	var st states
+	var st events
 	workers := make([]*Worker, 2)
 	for i := range workers {
 		cfg := b.testConfig()
-		cfg.OnStateChange = st.record
+		cfg.OnConversationEvent = st.record
 		workers[i], err = New(cfg)
 		require.NoError(t, err)
 	}
@@ -268,27 +267,27 @@ func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
 	require.Len(t, st.all, runs, "each expired run is recovered exactly once")
-	require.Equal(t, runs, b.count(`SELECT count(*) FROM agent_runs WHERE status = 'recovered'`))
-	require.Equal(t, runs, b.count(`SELECT count(*) FROM agent_outbox WHERE status = 'pending' AND attempts = 1`))
+	require.Equal(t, runs, b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'recovered'`))
+	require.Equal(t, runs, b.Count(`SELECT count(*) FROM agent_outbox WHERE status = 'pending' AND attempts = 1`))
 
 	// The announcements committed with the recovery bring a worker to
 	// finish every turn once.
 	b.startWorker(b.testConfig())
 	b.settled(20 * time.Second)
-	require.Equal(t, runs, b.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, runs, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
 func TestEchoRepliesWithToolResults(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.conversation("c")
+	b.Conversation("c")
 	b.startWorker(b.testConfig())
-	b.send("c", "m1", "look\n/tool lookup abc\n/tool notify ping")
+	b.Send("c", "m1", "look\n/tool lookup abc\n/tool notify ping")
 	b.settled(10 * time.Second)
 	var reply string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&reply))
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&reply))
 	require.True(t, strings.Contains(reply, `[lookup: "abc" has 3 characters]`) && strings.Contains(reply, "[notify: notified]") && strings.HasSuffix(reply, "echo: look"), reply)
-	require.Equal(t, 2, b.count(`SELECT count(*) FROM operations WHERE status = 'completed' AND message_id = (SELECT id FROM messages WHERE role = 'assistant')`), "operations are attached to the reply")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM operations WHERE effect = 'write' AND idempotency_key IS NOT NULL`))
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM tool_side_effects`))
+	require.Equal(t, 2, b.Count(`SELECT count(*) FROM operations WHERE status = 'completed' AND message_id = (SELECT id FROM messages WHERE role = 'assistant')`), "operations are attached to the reply")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM operations WHERE effect = 'write' AND idempotency_key IS NOT NULL`))
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM tool_side_effects`))
 }

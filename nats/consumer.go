@@ -2,11 +2,12 @@ package nats
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/batonhq/baton/internal/setting"
 )
 
 // Defaults of a durable consumer group on the outbox stream.
@@ -69,37 +70,37 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	return c
 }
 
-// Validate returns an error naming the first setting that is wrong.
+// Validate returns a *setting.Error for the first setting that is wrong.
 func (c ConsumerConfig) Validate() error {
 	if c.Name == "" {
-		return errors.New("consumer name is empty: set --consumer / BATON_CONSUMER")
+		return setting.Errorf("Name", `""`, "the consumer needs a name, such as %s", DefaultConsumer)
 	}
 	for _, r := range c.Name {
 		if r == '.' || r == '*' || r == '>' || r == ' ' || r == '\t' || r == '/' || r == '\\' {
-			return fmt.Errorf("consumer name %q holds %q: use letters, digits, '-' and '_' (--consumer / BATON_CONSUMER)", c.Name, r)
+			return setting.Errorf("Name", fmt.Sprintf("%q", c.Name), "holds %q: use letters, digits, '-' and '_'", r)
 		}
 	}
 	if c.AckWait < time.Second/10 {
-		return fmt.Errorf("ack wait %s is too short: give at least 100ms (--ack-wait / BATON_ACK_WAIT)", c.AckWait)
+		return setting.Errorf("AckWait", c.AckWait, "too short: give at least 100ms")
 	}
 	if c.MaxDeliver < -1 || c.MaxDeliver == 0 {
-		return fmt.Errorf("max deliver %d must be -1 (unlimited) or positive (--max-deliver / BATON_MAX_DELIVER)", c.MaxDeliver)
+		return setting.Errorf("MaxDeliver", c.MaxDeliver, "must be -1 (unlimited) or positive")
 	}
 	if len(c.BackOff) > 0 {
 		if c.BackOff[0] != c.AckWait {
-			return fmt.Errorf("backoff starts with %s but ack wait is %s: JetStream uses the first backoff as the ack wait, so make them equal (--backoff / BATON_BACKOFF)", c.BackOff[0], c.AckWait)
+			return setting.Errorf("BackOff", c.BackOff, "starts with %s but the ack wait is %s: JetStream uses the first backoff as the ack wait, so make them equal", c.BackOff[0], c.AckWait)
 		}
 		if c.MaxDeliver != -1 && len(c.BackOff) > c.MaxDeliver {
-			return fmt.Errorf("%d backoff steps exceed max deliver %d (--backoff, --max-deliver)", len(c.BackOff), c.MaxDeliver)
+			return setting.Errorf("BackOff", c.BackOff, "%d steps exceed max deliver %d", len(c.BackOff), c.MaxDeliver)
 		}
 		for _, b := range c.BackOff {
 			if b <= 0 {
-				return fmt.Errorf("backoff step %s must be positive (--backoff / BATON_BACKOFF)", b)
+				return setting.Errorf("BackOff", c.BackOff, "step %s must be positive", b)
 			}
 		}
 	}
 	if c.MaxAckPending < 1 {
-		return fmt.Errorf("max ack pending %d must be positive", c.MaxAckPending)
+		return setting.Errorf("MaxAckPending", c.MaxAckPending, "must be positive")
 	}
 	return nil
 }

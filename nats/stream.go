@@ -2,12 +2,13 @@ package nats
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/batonhq/baton/internal/setting"
 )
 
 // Defaults of the outbox stream. Every subcommand that touches the stream
@@ -65,25 +66,25 @@ func (c StreamConfig) WithDefaults() StreamConfig {
 	return c
 }
 
-// Validate returns an error naming the first setting that is wrong.
+// Validate returns a *setting.Error for the first setting that is wrong.
 func (c StreamConfig) Validate() error {
 	if c.Name == "" {
-		return errors.New("stream name is empty: set --stream / BATON_STREAM")
+		return setting.Errorf("Name", `""`, "the stream needs a name, such as %s", DefaultStream)
 	}
 	if err := ValidatePrefix(c.SubjectPrefix); err != nil {
-		return fmt.Errorf("%w (--subject-prefix / BATON_SUBJECT_PREFIX)", err)
+		return setting.Errorf("SubjectPrefix", c.SubjectPrefix, "%v", err)
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
-		return fmt.Errorf("replicas %d is out of range: JetStream takes 1 to 5 (--replicas / BATON_REPLICAS)", c.Replicas)
+		return setting.Errorf("Replicas", c.Replicas, "out of range: JetStream takes 1 to 5")
 	}
 	if c.MaxAge <= 0 {
-		return fmt.Errorf("max age %s must be positive (--max-age / BATON_MAX_AGE)", c.MaxAge)
+		return setting.Errorf("MaxAge", c.MaxAge, "must be positive")
 	}
 	if c.DuplicateWindow <= 0 || c.DuplicateWindow > c.MaxAge {
-		return fmt.Errorf("duplicate window %s must be positive and no longer than the max age %s (--duplicate-window / BATON_DUPLICATE_WINDOW)", c.DuplicateWindow, c.MaxAge)
+		return setting.Errorf("DuplicateWindow", c.DuplicateWindow, "must be positive and no longer than the max age %s", c.MaxAge)
 	}
 	if c.Partitions < 1 || c.Partitions > 4096 {
-		return fmt.Errorf("partitions %d is out of range 1..4096 (--partitions / BATON_PARTITIONS)", c.Partitions)
+		return setting.Errorf("Partitions", c.Partitions, "out of range 1..4096")
 	}
 	return nil
 }

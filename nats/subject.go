@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 )
@@ -33,17 +32,27 @@ func DecodeToken(token string) (string, error) {
 	return string(b), nil
 }
 
-// Partition is a stable hash (FNV-1a, 32 bits) of the conversation ID over
-// count partitions. Changing count moves conversations between partitions,
-// which is safe (the Postgres claim, not the partition, serializes turns)
-// but loses affinity until in-flight triggers drain.
+// Hash is the 32-bit FNV-1a hash of s, computed without allocating: the
+// one hash behind partitions and every other split of work by
+// conversation, so that all of them agree.
+func Hash(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// Partition is a stable hash (Hash) of the conversation ID over count
+// partitions. Changing count moves conversations between partitions, which
+// is safe (the Postgres claim, not the partition, serializes turns) but
+// loses affinity until in-flight triggers drain.
 func Partition(conversationID string, count int) int {
 	if count <= 1 {
 		return 0
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(conversationID))
-	return int(h.Sum32() % uint32(count))
+	return int(Hash(conversationID) % uint32(count))
 }
 
 // Subject returns "<prefix>.<partition>.<token>" for a conversation.

@@ -1,12 +1,12 @@
 package relay
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -141,40 +141,33 @@ func (c Config) WithDefaults() Config {
 // to fix it.
 func (c Config) Validate() error {
 	if err := c.Stream.Validate(); err != nil {
-		return err
+		return setting.Within("Stream", err)
 	}
-	if !validName(c.Slot) {
-		return fmt.Errorf("slot %q is not a valid slot name: use lower-case letters, digits and underscores, at most 63 (--slot / BATON_SLOT)", c.Slot)
-	}
-	if !validName(c.Publication) {
-		return fmt.Errorf("publication %q is not valid: use lower-case letters, digits and underscores, at most 63 (--publication / BATON_PUBLICATION)", c.Publication)
-	}
-	if c.MaxInFlight < 1 {
-		return fmt.Errorf("max in flight %d must be at least 1 (--max-in-flight / BATON_RELAY_MAX_IN_FLIGHT)", c.MaxInFlight)
-	}
-	if c.StatusInterval <= 0 || c.StatusInterval >= time.Minute {
-		return fmt.Errorf("status interval %s must be positive and under a minute, below wal_sender_timeout (--status-interval / BATON_RELAY_STATUS_INTERVAL)", c.StatusInterval)
-	}
-	if c.HeartbeatInterval <= 0 {
-		return fmt.Errorf("heartbeat interval %s must be positive (--heartbeat / BATON_RELAY_HEARTBEAT)", c.HeartbeatInterval)
-	}
-	if c.SweepInterval <= 0 {
-		return fmt.Errorf("sweep interval %s must be positive (--sweep-interval / BATON_RELAY_SWEEP_INTERVAL)", c.SweepInterval)
-	}
-	if c.SweepAge < c.SweepInterval {
-		return fmt.Errorf("sweep age %s must be at least the sweep interval %s, or a row could be announced twice in one period (--sweep-age / BATON_RELAY_SWEEP_AGE)", c.SweepAge, c.SweepInterval)
-	}
-	if c.SweepBatch < 1 {
-		return fmt.Errorf("sweep batch %d must be at least 1", c.SweepBatch)
-	}
-	if c.AckTimeout <= 0 {
-		return fmt.Errorf("ack timeout %s must be positive (--ack-timeout / BATON_RELAY_ACK_TIMEOUT)", c.AckTimeout)
-	}
-	if c.StandbyRetry <= 0 {
-		return errors.New("standby retry must be positive")
-	}
-	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
-		return fmt.Errorf("retry backoff %s..%s must be positive and increasing", c.RetryMin, c.RetryMax)
+	switch {
+	case !validName(c.Slot):
+		return setting.Errorf("Slot", fmt.Sprintf("%q", c.Slot), "not a valid slot name: use lower-case letters, digits and underscores, at most 63")
+	case !validName(c.Publication):
+		return setting.Errorf("Publication", fmt.Sprintf("%q", c.Publication), "not a valid publication name: use lower-case letters, digits and underscores, at most 63")
+	case c.MaxInFlight < 1:
+		return setting.Errorf("MaxInFlight", c.MaxInFlight, "must be at least 1")
+	case c.StatusInterval <= 0 || c.StatusInterval >= time.Minute:
+		return setting.Errorf("StatusInterval", c.StatusInterval, "must be positive and under a minute, below wal_sender_timeout")
+	case c.HeartbeatInterval <= 0:
+		return setting.Errorf("HeartbeatInterval", c.HeartbeatInterval, "must be positive")
+	case c.SweepInterval <= 0:
+		return setting.Errorf("SweepInterval", c.SweepInterval, "must be positive")
+	case c.SweepAge < c.SweepInterval:
+		return setting.Errorf("SweepAge", c.SweepAge, "must be at least the sweep interval %s, or a row could be announced twice in one period", c.SweepInterval)
+	case c.SweepBatch < 1:
+		return setting.Errorf("SweepBatch", c.SweepBatch, "must be at least 1")
+	case c.AckTimeout <= 0:
+		return setting.Errorf("AckTimeout", c.AckTimeout, "must be positive")
+	case c.StandbyRetry <= 0:
+		return setting.Errorf("StandbyRetry", c.StandbyRetry, "must be positive")
+	case c.RetryMin <= 0:
+		return setting.Errorf("RetryMin", c.RetryMin, "must be positive")
+	case c.RetryMax < c.RetryMin:
+		return setting.Errorf("RetryMax", c.RetryMax, "is below the retry min %s", c.RetryMin)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // pgoutput encoders, the inverse of parseWALMessage, for tests.
@@ -86,9 +87,9 @@ func TestParseWALMessageRoundTrips(t *testing.T) {
 	require.Equal(t, "agent_outbox", m.(relationMessage).Name)
 	require.Len(t, m.(relationMessage).Columns, 9)
 
-	m, err = parseWALMessage(encodeLogical(true, 0x99, AnnouncePrefix, []byte(`{"reason":"sweep"}`)))
+	m, err = parseWALMessage(encodeLogical(true, 0x99, schema.AnnouncePrefix, []byte(`{"reason":"sweep"}`)))
 	require.NoError(t, err)
-	require.Equal(t, logicalMessage{Transactional: true, LSN: 0x99, Prefix: AnnouncePrefix, Content: []byte(`{"reason":"sweep"}`)}, m)
+	require.Equal(t, logicalMessage{Transactional: true, LSN: 0x99, Prefix: schema.AnnouncePrefix, Content: []byte(`{"reason":"sweep"}`)}, m)
 
 	m, err = parseWALMessage([]byte{'Y', 1, 2, 3})
 	require.NoError(t, err)
@@ -148,15 +149,15 @@ func TestOutboxDecoderMakesTriggers(t *testing.T) {
 // what it accepts consistently.
 func FuzzDecodeWAL(f *testing.F) {
 	commit := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-	announce, _ := json.Marshal(Announcement{Reason: batonnats.ReasonSweep, Triggers: []batonnats.Trigger{{OutboxID: 1, ConversationID: "c"}}})
+	announce, _ := json.Marshal(schema.Announcement{Reason: batonnats.ReasonSweep, Triggers: []batonnats.Trigger{{OutboxID: 1, ConversationID: "c"}}})
 	for _, seed := range [][]byte{
 		encodeBegin(0x10, commit, 1),
 		encodeCommit(0x10, 0x18, commit),
 		outboxRelation,
 		outboxInsert("1", "c.*> ü", "m", "2026-01-02 03:04:05+00"),
 		outboxInsert("-1", "", "", "infinity"),
-		encodeLogical(true, 0x20, AnnouncePrefix, announce),
-		encodeLogical(false, 0x20, HeartbeatPrefix, []byte("2026")),
+		encodeLogical(true, 0x20, schema.AnnouncePrefix, announce),
+		encodeLogical(false, 0x20, schema.HeartbeatPrefix, []byte("2026")),
 		{'Y'}, {},
 	} {
 		f.Add(seed)
@@ -182,8 +183,8 @@ func FuzzDecodeWAL(f *testing.F) {
 				}
 			}
 		case logicalMessage:
-			if m.Prefix == AnnouncePrefix {
-				_, _ = ParseAnnouncement(m.Content)
+			if m.Prefix == schema.AnnouncePrefix {
+				_, _ = schema.ParseAnnouncement(m.Content)
 			}
 			again, err := parseWALMessage(encodeLogical(m.Transactional, m.LSN, m.Prefix, m.Content))
 			if err != nil || again.(logicalMessage).Prefix != m.Prefix || string(again.(logicalMessage).Content) != string(m.Content) {

@@ -61,7 +61,7 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 	b := e.scratch[:0]
 	b = append(b, e.prefix...)
 	b = append(b, '.')
-	b = strconv.AppendInt(b, int64(partition(t.ConversationID, e.partitions)), 10)
+	b = strconv.AppendInt(b, int64(batonnats.Partition(t.ConversationID, e.partitions)), 10)
 	b = append(b, '.')
 	b = enc.AppendEncode(b, []byte(t.ConversationID))
 	subjectEnd := len(b)
@@ -84,20 +84,6 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 	e.msg.Reply = ""
 	e.msg.Data = e.body
 	return &e.msg, nil
-}
-
-// partition is batonnats.Partition (FNV-1a, 32 bits) without the hasher's
-// allocations.
-func partition(conversationID string, count int) int {
-	if count <= 1 {
-		return 0
-	}
-	h := uint32(2166136261)
-	for i := 0; i < len(conversationID); i++ {
-		h ^= uint32(conversationID[i])
-		h *= 16777619
-	}
-	return int(h % uint32(count))
 }
 
 // appendTrigger appends the JSON encoding of t, as encoding/json writes it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/batonhq/baton/schema"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -45,9 +46,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 
 // heartbeat emits one heartbeat message.
 func (r *Relay) heartbeat(ctx context.Context) error {
-	_, err := r.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1::text, $2::text)`,
-		HeartbeatPrefix, time.Now().UTC().Format(time.RFC3339Nano))
-	return err
+	return schema.EmitHeartbeat(ctx, r.pool, time.Now())
 }
 
 // observeSlot refreshes the slot lag and retained WAL metrics.

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/batonhq/baton/schema"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	batonnats "github.com/batonhq/baton/nats"
 )
 
 // PostgreSQL error codes the relay acts on.
@@ -146,15 +145,9 @@ func (r *Relay) announcePending(ctx context.Context) (int, error) {
 	total := 0
 	var after int64
 	for {
-		ids, err := r.announceBatch(ctx, `
-			WITH due AS (
-				SELECT id FROM agent_outbox
-				WHERE status = 'pending' AND id > $1
-				ORDER BY id LIMIT $2
-				FOR UPDATE SKIP LOCKED)
-			UPDATE agent_outbox o SET announced_at = now()
-			FROM due WHERE o.id = due.id
-			RETURNING o.id`, after, r.cfg.SweepBatch)
+		ids, err := r.announceTx(ctx, func(tx pgx.Tx) ([]int64, error) {
+			return schema.AnnouncePendingTx(ctx, tx, after, r.cfg.SweepBatch)
+		})
 		if err != nil {
 			return total, err
 		}
@@ -168,27 +161,17 @@ func (r *Relay) announcePending(ctx context.Context) (int, error) {
 	}
 }
 
-// announceBatch marks the rows the query returns and announces them, in one
-// transaction: the announcement exists exactly when the mark does.
-func (r *Relay) announceBatch(ctx context.Context, query string, args ...any) ([]int64, error) {
-	tx, err := r.pool.Begin(ctx)
+// announceTx runs mark, which marks rows announced and announces them,
+// in one transaction: the announcement exists exactly when the mark does.
+func (r *Relay) announceTx(ctx context.Context, mark func(pgx.Tx) ([]int64, error)) ([]int64, error) {
+	var ids []int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = mark(tx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, err
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	if err := AnnounceTx(ctx, tx, batonnats.ReasonSweep, ids); err != nil {
-		return nil, err
-	}
-	return ids, tx.Commit(ctx)
+	return ids, nil
 }

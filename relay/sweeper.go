@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/batonhq/baton/schema"
+	"github.com/jackc/pgx/v5"
 )
 
 // sweepLoop announces again, every SweepInterval, the pending rows that no
@@ -43,17 +46,9 @@ func (r *Relay) sweep(ctx context.Context) (int, error) {
 		r.metrics.rowsSwept.Add(float64(total))
 	}()
 	for {
-		ids, err := r.announceBatch(ctx, `
-			WITH due AS (
-				SELECT id FROM agent_outbox
-				WHERE status = 'pending'
-				  AND coalesce(announced_at, created_at) < now() - make_interval(secs => $1)
-				ORDER BY coalesce(announced_at, created_at)
-				LIMIT $2
-				FOR UPDATE SKIP LOCKED)
-			UPDATE agent_outbox o SET announced_at = now()
-			FROM due WHERE o.id = due.id
-			RETURNING o.id`, r.cfg.SweepAge.Seconds(), r.cfg.SweepBatch)
+		ids, err := r.announceTx(ctx, func(tx pgx.Tx) ([]int64, error) {
+			return schema.AnnounceStaleTx(ctx, tx, r.cfg.SweepAge, r.cfg.SweepBatch)
+		})
 		total += len(ids)
 		if err != nil || len(ids) < r.cfg.SweepBatch {
 			return total, err

@@ -2,7 +2,6 @@ package schema
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
 
@@ -192,17 +191,4 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 		return out, fmt.Errorf("fail attempt: record run: %w", err)
 	}
 	return out, nil
-}
-
-// MarkRun records a run's end when it committed nothing else: cancelled
-// (its conversation was deleted) or abandoned (it lost its lease). A run
-// that recovery already closed keeps that outcome.
-func MarkRun(ctx context.Context, db Executor, runID, status, reason string) error {
-	if status != "cancelled" && status != "abandoned" {
-		return errors.New("mark run: status must be cancelled or abandoned")
-	}
-	_, err := db.Exec(ctx, `
-		UPDATE agent_runs SET status = $2, error = $3, finished_at = clock_timestamp()
-		WHERE id = $1 AND status = 'running'`, runID, status, reason)
-	return err
 }

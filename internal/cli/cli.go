@@ -78,7 +78,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		kong.Name("baton"),
 		kong.Description("Baton: a durable backend for AI-agent conversations."),
 		kong.Writers(stdout, stderr),
-		kong.Vars(config.Vars()),
+		kong.Vars(vars()),
 		kong.UsageOnError(),
 		kong.Exit(func(code int) { panic(exitSentinel{code}) }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),

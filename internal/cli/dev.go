@@ -24,7 +24,6 @@ import (
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/pgcluster"
-	"github.com/batonhq/baton/internal/stack"
 	"github.com/batonhq/baton/migrations"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
@@ -47,8 +46,8 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.httpOptions.validate(); err != nil {
 		return &UsageError{Err: err}
 	}
-	if err := c.Stream.Validate(); err != nil {
-		return &UsageError{Err: err}
+	if err := c.Stream.Check(); err != nil {
+		return settingError(c, err)
 	}
 	if err := c.Replication.Validate(); err != nil {
 		return &UsageError{Err: err}
@@ -139,7 +138,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveHTTP(gctx, ln, srv) })
 	g.Go(func() error {
-		return stack.Run(gctx, stack.Config{
+		return RunStack(gctx, StackConfig{
 			Pool: pool, NATS: nc, Log: env.Log,
 			Events: batonnats.EventsConfig{Replicas: c.Replicas},
 			Relay: relay.Config{

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
 	batonnats "github.com/batonhq/baton/nats"
 )
@@ -20,34 +20,34 @@ type groupCmd struct {
 }
 
 // builtinGroups are the groups this binary can run, by name.
-var builtinGroups = map[string]bool{consumer.AuditGroup: true, consumer.WebhookGroup: true}
+var builtinGroups = map[string]bool{group.AuditGroup: true, group.WebhookGroup: true}
 
 // groupFlags configure the built-in groups; `baton group run` and
 // `baton replay` share them, so a replay handles events the way the group
 // does.
 type groupFlags struct {
-	Lanes          int           `name:"lanes" env:"BATON_GROUP_LANES" default:"8" help:"Events this process handles at once; events of one conversation share a lane and keep their order."`
-	MaxAttempts    int           `name:"max-attempts" env:"BATON_GROUP_MAX_ATTEMPTS" default:"5" help:"Deliveries of a failing event before it is parked in group_dead_letters."`
-	RetryMin       time.Duration `name:"retry-min" env:"BATON_GROUP_RETRY_MIN" default:"1s" help:"Delay before a failed event is delivered again; doubles with each attempt."`
-	RetryMax       time.Duration `name:"retry-max" env:"BATON_GROUP_RETRY_MAX" default:"1m" help:"Longest delay between attempts."`
-	AckWait        time.Duration `name:"ack-wait" env:"BATON_GROUP_ACK_WAIT" default:"30s" help:"How long an event may go unsettled without a progress signal before JetStream hands it to another process."`
+	Lanes          int           `name:"lanes" env:"BATON_GROUP_LANES" setting:"Lanes" help:"Events this process handles at once; events of one conversation share a lane and keep their order. Defaults to ${group_lanes}."`
+	MaxAttempts    int           `name:"max-attempts" env:"BATON_GROUP_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Deliveries of a failing event before it is parked in group_dead_letters. Defaults to ${group_max_attempts}."`
+	RetryMin       time.Duration `name:"retry-min" env:"BATON_GROUP_RETRY_MIN" setting:"RetryMin" help:"Delay before a failed event is delivered again; doubles with each attempt. Defaults to ${group_retry_min}."`
+	RetryMax       time.Duration `name:"retry-max" env:"BATON_GROUP_RETRY_MAX" setting:"RetryMax" help:"Longest delay between attempts. Defaults to ${group_retry_max}."`
+	AckWait        time.Duration `name:"ack-wait" env:"BATON_GROUP_ACK_WAIT" setting:"AckWait" help:"How long an event may go unsettled without a progress signal before JetStream hands it to another process. Defaults to ${group_ack_wait}."`
 	WebhookURL     string        `name:"webhook-url" env:"BATON_WEBHOOK_URL" help:"URL the webhook group POSTs each event to."`
 	WebhookSecret  string        `name:"webhook-secret" env:"BATON_WEBHOOK_SECRET" help:"Key of the Baton-Signature HMAC-SHA256 header; prefer the variable, which ps does not show."`
-	WebhookTimeout time.Duration `name:"webhook-timeout" env:"BATON_WEBHOOK_TIMEOUT" default:"10s" help:"Longest webhook request; past it the attempt fails and is retried."`
+	WebhookTimeout time.Duration `name:"webhook-timeout" env:"BATON_WEBHOOK_TIMEOUT" default:"${webhook_timeout}" help:"Longest webhook request; past it the attempt fails and is retried."`
 }
 
 // config returns the group's configuration without connections, checked,
 // or a usage error naming the flag.
-func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (consumer.GroupConfig, error) {
-	cfg := consumer.GroupConfig{
+func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (group.Config, error) {
+	cfg := group.Config{
 		Name: name, Stream: stream, Lanes: f.Lanes, MaxAttempts: f.MaxAttempts,
 		RetryMin: f.RetryMin, RetryMax: f.RetryMax, AckWait: f.AckWait,
 	}
 	switch name {
-	case consumer.AuditGroup:
-		cfg.Handler = consumer.Audit
-	case consumer.WebhookGroup:
-		h, err := consumer.Webhook(consumer.WebhookConfig{URL: f.WebhookURL, Secret: f.WebhookSecret, Timeout: f.WebhookTimeout})
+	case group.AuditGroup:
+		cfg.Handler = group.Audit
+	case group.WebhookGroup:
+		h, err := group.Webhook(group.WebhookConfig{URL: f.WebhookURL, Secret: f.WebhookSecret, Timeout: f.WebhookTimeout})
 		if err != nil {
 			return cfg, &UsageError{Err: err}
 		}
@@ -56,7 +56,7 @@ func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (con
 		return cfg, &UsageError{Err: fmt.Errorf("%q is not a built-in group: choose audit or webhook", name)}
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
-		return cfg, &UsageError{Err: err}
+		return cfg, settingError(f, err)
 	}
 	return cfg, nil
 }
@@ -77,9 +77,9 @@ func connectJetStream(n config.NATS, name string) (*natsclient.Conn, jetstream.J
 }
 
 // newGroup fills the connections into cfg and builds the group.
-func newGroup(cfg consumer.GroupConfig, pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) (*consumer.Group, error) {
+func newGroup(cfg group.Config, pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) (*group.Group, error) {
 	cfg.Pool, cfg.JetStream, cfg.Logger = pool, js, &log
-	return consumer.NewGroup(cfg)
+	return group.New(cfg)
 }
 
 type groupRunCmd struct {
@@ -95,8 +95,8 @@ func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.NATS.Validate(); err != nil {
 		return &UsageError{Err: err}
 	}
-	if err := c.Stream.Validate(); err != nil {
-		return &UsageError{Err: err}
+	if err := c.Stream.Check(); err != nil {
+		return settingError(c, err)
 	}
 	cfg, err := c.groupConfig(c.Name, c.StreamConfig())
 	if err != nil {

@@ -19,21 +19,19 @@ type relayCmd struct {
 	config.Stream      `embed:""`
 	config.Replication `embed:""`
 
-	MaxInFlight    int           `name:"max-in-flight" env:"BATON_RELAY_MAX_IN_FLIGHT" default:"1024" help:"Events published and not yet acknowledged by JetStream, at most."`
-	StatusInterval time.Duration `name:"status-interval" env:"BATON_RELAY_STATUS_INTERVAL" default:"10s" help:"How often the confirmed position is reported to PostgreSQL; keep it below wal_sender_timeout."`
-	Heartbeat      time.Duration `name:"heartbeat" env:"BATON_RELAY_HEARTBEAT" default:"10s" help:"How often a heartbeat is written to the WAL, so an idle outbox does not pin WAL."`
-	SweepInterval  time.Duration `name:"sweep-interval" env:"BATON_RELAY_SWEEP_INTERVAL" default:"30s" help:"How often pending rows nobody claimed are announced again."`
-	SweepAge       time.Duration `name:"sweep-age" env:"BATON_RELAY_SWEEP_AGE" default:"60s" help:"How long a row stays pending after its insert or last announcement before the sweeper announces it again."`
-	AckTimeout     time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" default:"10s" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot."`
+	MaxInFlight    int           `name:"max-in-flight" env:"BATON_RELAY_MAX_IN_FLIGHT" setting:"MaxInFlight" help:"Events published and not yet acknowledged by JetStream, at most. Defaults to ${max_in_flight}."`
+	StatusInterval time.Duration `name:"status-interval" env:"BATON_RELAY_STATUS_INTERVAL" setting:"StatusInterval" help:"How often the confirmed position is reported to PostgreSQL; keep it below wal_sender_timeout. Defaults to ${status_interval}."`
+	Heartbeat      time.Duration `name:"heartbeat" env:"BATON_RELAY_HEARTBEAT" setting:"HeartbeatInterval" help:"How often a heartbeat is written to the WAL, so an idle outbox does not pin WAL. Defaults to ${heartbeat}."`
+	SweepInterval  time.Duration `name:"sweep-interval" env:"BATON_RELAY_SWEEP_INTERVAL" setting:"SweepInterval" help:"How often pending rows nobody claimed are announced again. Defaults to ${sweep_interval}."`
+	SweepAge       time.Duration `name:"sweep-age" env:"BATON_RELAY_SWEEP_AGE" setting:"SweepAge" help:"How long a row stays pending after its insert or last announcement before the sweeper announces it again. Defaults to ${sweep_age}."`
+	AckTimeout     time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" setting:"AckTimeout" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot. Defaults to ${ack_timeout}."`
 	MetricsAddr    string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
 }
 
 func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Log.With().Str("component", "relay").Logger()
-	for _, v := range []interface{ Validate() error }{c.NATS, c.Stream, c.Replication} {
-		if err := v.Validate(); err != nil {
-			return &UsageError{Err: err}
-		}
+	if err := c.NATS.Validate(); err != nil {
+		return &UsageError{Err: err}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -50,7 +48,7 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 		Registerer:        reg,
 	}.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return &UsageError{Err: err}
+		return settingError(c, err)
 	}
 
 	pool, err := openPool(ctx, c.Database)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/mattn/go-isatty"
 
-	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
 )
 
@@ -33,8 +33,8 @@ type replayCmd struct {
 	groupFlags    `embed:""`
 }
 
-func (c *replayCmd) position() (consumer.Position, error) {
-	p := consumer.Position{All: c.All, Seq: c.FromSeq, Since: c.Since}
+func (c *replayCmd) position() (group.Position, error) {
+	p := group.Position{All: c.All, Seq: c.FromSeq, Since: c.Since}
 	if c.At != "" {
 		t, err := time.Parse(time.RFC3339, c.At)
 		if err != nil {
@@ -49,8 +49,8 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.NATS.Validate(); err != nil {
 		return &UsageError{Err: err}
 	}
-	if err := c.Stream.Validate(); err != nil {
-		return &UsageError{Err: err}
+	if err := c.Stream.Check(); err != nil {
+		return settingError(c, err)
 	}
 	from, err := c.position()
 	if err != nil {
@@ -60,7 +60,7 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 		return &UsageError{Err: fmt.Errorf("--progress-every %s must be positive", c.ProgressEvery)}
 	}
 	builtin := builtinGroups[c.Group]
-	var gcfg consumer.GroupConfig
+	var gcfg group.Config
 	// A dry run handles nothing, so it needs no handler settings.
 	if builtin && !c.DryRun {
 		if gcfg, err = c.groupConfig(c.Group, c.StreamConfig()); err != nil {
@@ -84,7 +84,7 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 	}
 	defer nc.Close()
 
-	rcfg := consumer.ReplayConfig{
+	rcfg := group.ReplayConfig{
 		JetStream: js, Stream: c.StreamConfig(), Group: c.Group, From: from, DryRun: c.DryRun,
 		Pool: pool, ProgressInterval: min(c.ProgressEvery, 250*time.Millisecond), Logger: &log,
 	}
@@ -101,7 +101,7 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 	if !c.DryRun {
 		rcfg.Progress = pr.show
 	}
-	res, err := consumer.Replay(ctx, rcfg)
+	res, err := group.Replay(ctx, rcfg)
 	pr.end()
 	if err != nil {
 		return err
@@ -109,7 +109,7 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 	return writeReplayResult(env.Stdout, from, res)
 }
 
-func writeReplayResult(w io.Writer, from consumer.Position, res consumer.ReplayResult) error {
+func writeReplayResult(w io.Writer, from group.Position, res group.ReplayResult) error {
 	var err error
 	switch {
 	case res.DryRun && res.Total == 0:
@@ -146,7 +146,7 @@ func newProgressPrinter(w io.Writer, every time.Duration) *progressPrinter {
 	return &progressPrinter{w: w, every: every, terminal: ok && isatty.IsTerminal(f.Fd())}
 }
 
-func (p *progressPrinter) show(r consumer.ReplayProgress) {
+func (p *progressPrinter) show(r group.ReplayProgress) {
 	if r.Waiting && !p.warned {
 		p.warned = true
 		p.clear()

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/cli"
 	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
@@ -216,14 +217,14 @@ func TestReplayAllOfAuditAfterItProcessedEverythingLeavesTheAuditTableUnchanged(
 	code, stderr := stop()
 	require.Equal(t, 0, code, stderr)
 	before := o.auditLog()
-	ci := o.consumerInfo(consumer.AuditGroup)
+	ci := o.consumerInfo(group.AuditGroup)
 	require.EqualValues(t, events, ci.AckFloor.Stream, "the group acked every event")
 
 	out, stderr, code := run(t, o.args("replay", "--group", "audit", "--all", "--dry-run")...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, fmt.Sprintf("would replay %d events, stream sequences 1 to %d", events, events))
 	require.Contains(t, out, fmt.Sprintf("already holds %d of them (skipped on replay), 0 new", events))
-	dry := o.consumerInfo(consumer.AuditGroup)
+	dry := o.consumerInfo(group.AuditGroup)
 	require.Equal(t, ci.Delivered, dry.Delivered, "a dry run moves nothing")
 	require.Equal(t, ci.AckFloor, dry.AckFloor, "a dry run moves nothing")
 
@@ -232,7 +233,7 @@ func TestReplayAllOfAuditAfterItProcessedEverythingLeavesTheAuditTableUnchanged(
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, fmt.Sprintf("replayed group audit: %d events, stream sequences 1 to %d", events, events))
 	require.Contains(t, out, fmt.Sprintf("replay audit: %d/%d events (100.0%%)", events, events), "plain progress lines when not on a terminal")
-	requireDeliveredAgain(t, o.consumerInfo(consumer.AuditGroup), began, events)
+	requireDeliveredAgain(t, o.consumerInfo(group.AuditGroup), began, events)
 	require.Equal(t, before, o.auditLog(), "the audit table is unchanged: every replayed event was in the inbox")
 	require.Equal(t, events, o.count(`SELECT count(*) FROM group_inbox WHERE group_name = 'audit'`))
 }

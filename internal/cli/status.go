@@ -24,7 +24,7 @@ type statusCmd struct {
 	config.Replication
 	JSON          bool          `name:"json" help:"Print the report as JSON."`
 	MaxLag        int64         `name:"max-lag-bytes" env:"BATON_STATUS_MAX_LAG_BYTES" help:"Slot lag (bytes) above which the relay needs attention." default:"67108864"`
-	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"60s"`
+	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"${sweep_age}"`
 }
 
 func (c *statusCmd) Run(ctx context.Context, env *Env) error {
@@ -47,7 +47,7 @@ func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	gctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	rep, err := status.Gather(gctx, pool, js, status.Options{
-		Slot: c.Slot, Stream: c.Stream.Stream, MaxLagBytes: c.MaxLag, MaxPendingAge: c.MaxPendingAge,
+		Slot: c.Slot, Stream: c.StreamConfig().WithDefaults().Name, MaxLagBytes: c.MaxLag, MaxPendingAge: c.MaxPendingAge,
 	})
 	if err != nil {
 		return err

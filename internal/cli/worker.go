@@ -22,27 +22,27 @@ type workerCmd struct {
 	config.NATS     `embed:""`
 	config.Stream   `embed:""`
 
-	Consumer    string          `name:"consumer" env:"BATON_CONSUMER" default:"turns" help:"Durable JetStream consumer shared by every worker of the group."`
+	Consumer    string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
 	Agent       string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>, obeys /sleep, /fail, /tool directives), or openai (a model server speaking the OpenAI chat completions API)."`
-	Debounce    time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"100ms" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
-	MaxAttempts int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" default:"3" help:"Attempts at a turn before a visible error ends it."`
-	Lease       time.Duration   `name:"lease" env:"BATON_LEASE" default:"30s" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it."`
-	AckWait     time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" default:"30s" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger; keep it near the lease."`
-	MaxDeliver  int             `name:"max-deliver" env:"BATON_MAX_DELIVER" default:"-1" help:"Deliveries of one trigger before JetStream drops it; -1 is unlimited (attempts are capped in PostgreSQL)."`
-	BackOff     []time.Duration `name:"backoff" env:"BATON_BACKOFF" sep:"," help:"Ack waits of successive redeliveries, such as 30s,1m,5m; the first must equal --ack-wait. Default: none (--ack-wait every time)."`
-	Concurrency int             `name:"concurrency" env:"BATON_CONCURRENCY" default:"64" help:"Turns this worker runs at once."`
+	Debounce    time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
+	MaxAttempts int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
+	Lease       time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
+	AckWait     time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" setting:"Consumer.AckWait" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger. Defaults to the lease."`
+	MaxDeliver  int             `name:"max-deliver" env:"BATON_MAX_DELIVER" setting:"Consumer.MaxDeliver" help:"Deliveries of one trigger before JetStream drops it; -1 is unlimited (attempts are capped in PostgreSQL). Defaults to ${max_deliver}."`
+	BackOff     []time.Duration `name:"backoff" env:"BATON_BACKOFF" sep:"," setting:"Consumer.BackOff" help:"Ack waits of successive redeliveries, such as 30s,1m,5m; the first must equal the ack wait. Defaults to none (the ack wait every time)."`
+	Concurrency int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
 	MetricsAddr string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags  `embed:""`
 }
 
 // modelFlags configure --agent openai.
 type modelFlags struct {
-	ModelBaseURL      string        `name:"model-base-url" env:"BATON_MODEL_BASE_URL" default:"https://api.openai.com/v1" help:"API root of the OpenAI-compatible model server, such as http://127.0.0.1:11434/v1."`
+	ModelBaseURL      string        `name:"model-base-url" env:"BATON_MODEL_BASE_URL" setting:"BaseURL" help:"API root of the OpenAI-compatible model server, such as http://127.0.0.1:11434/v1. Defaults to ${model_base_url}."`
 	ModelAPIKey       string        `name:"model-api-key" env:"BATON_MODEL_API_KEY" help:"API key sent as a bearer token; local servers often need none."`
-	Model             string        `name:"model" env:"BATON_MODEL" help:"Model name the server knows; required with --agent openai."`
-	ModelTimeout      time.Duration `name:"model-timeout" env:"BATON_MODEL_TIMEOUT" default:"2m" help:"Longest model call, to the last streamed chunk; past it the attempt fails and is retried."`
-	MaxModelCalls     int           `name:"max-model-calls" env:"BATON_MAX_MODEL_CALLS" default:"16" help:"Model calls one turn may make, retries included."`
-	MaxToolIterations int           `name:"max-tool-iterations" env:"BATON_MAX_TOOL_ITERATIONS" default:"8" help:"Rounds of tool calls one turn may make."`
+	Model             string        `name:"model" env:"BATON_MODEL" setting:"Model" help:"Model name the server knows; required with --agent openai."`
+	ModelTimeout      time.Duration `name:"model-timeout" env:"BATON_MODEL_TIMEOUT" setting:"RequestTimeout" help:"Longest model call, to the last streamed chunk; past it the attempt fails and is retried. Defaults to ${model_timeout}."`
+	MaxModelCalls     int           `name:"max-model-calls" env:"BATON_MAX_MODEL_CALLS" setting:"MaxModelCalls" help:"Model calls one turn may make, retries included. Defaults to ${max_model_calls}."`
+	MaxToolIterations int           `name:"max-tool-iterations" env:"BATON_MAX_TOOL_ITERATIONS" setting:"MaxToolIterations" help:"Rounds of tool calls one turn may make. Defaults to ${max_tool_iterations}."`
 	SystemPrompt      string        `name:"system-prompt" env:"BATON_SYSTEM_PROMPT" help:"First message of every model request."`
 	ToolHTTPGetAllow  []string      `name:"tool-http-get-allow" env:"BATON_TOOL_HTTP_GET_ALLOW" sep:"," help:"Hosts the http_get tool may read; none leaves the tool out."`
 	ToolWebhookURL    string        `name:"tool-webhook-url" env:"BATON_TOOL_WEBHOOK_URL" help:"URL the webhook (write) tool posts to; none leaves the tool out."`
@@ -52,8 +52,8 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.NATS.Validate(); err != nil {
 		return &UsageError{Err: err}
 	}
-	if err := c.Stream.Validate(); err != nil {
-		return &UsageError{Err: err}
+	if err := c.Stream.Check(); err != nil {
+		return settingError(c, err)
 	}
 	crashAt := os.Getenv(consumer.CrashEnv)
 	log := env.Log.With().Str("component", "worker").Logger()
@@ -94,7 +94,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 			Tools: tools, Logger: &alog,
 		}
 		if err := ac.WithDefaults().Validate(); err != nil {
-			return &UsageError{Err: err}
+			return settingError(c, err)
 		}
 		agentCfg = &ac
 		cfg.Tools = tools.Tools()
@@ -102,7 +102,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	// Checked before connecting, so a wrong flag fails at once with its
 	// name.
 	if err := cfg.WithDefaults().Validate(); err != nil {
-		return &UsageError{Err: err}
+		return settingError(c, err)
 	}
 
 	pool, err := openPool(ctx, c.Database)
@@ -126,7 +126,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if _, err := batonnats.EnsureEventsStream(ctx, js, events); err != nil {
 		return err
 	}
-	cfg.OnStateChange = consumer.StatePublisher(js, events, log)
+	cfg.OnConversationEvent = consumer.EventPublisher(js, events, log)
 	if agentCfg != nil {
 		agentCfg.Live = nc // partial replies on baton.live.<conversation>.<run>
 		a, err := agent.NewOpenAI(*agentCfg)

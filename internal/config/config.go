@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/relay"
 )
 
 // Database locates PostgreSQL.
@@ -65,17 +65,19 @@ func (n NATS) Validate() error {
 	return nil
 }
 
-// Stream is the outbox stream, as every subcommand that touches it sees it.
+// Stream is the outbox stream, as every subcommand that touches it sees
+// it. A flag left out means the library's default (nats.StreamConfig).
 type Stream struct {
-	Stream          string        `name:"stream" env:"BATON_STREAM" help:"JetStream stream of outbox events." default:"${stream}"`
-	SubjectPrefix   string        `name:"subject-prefix" env:"BATON_SUBJECT_PREFIX" help:"Subject prefix; events go to <prefix>.<partition>.<conversation>." default:"${subject_prefix}"`
-	Replicas        int           `name:"replicas" env:"BATON_REPLICAS" help:"Stream replicas (1 for development, 3 in production)." default:"${replicas}"`
-	MaxAge          time.Duration `name:"max-age" env:"BATON_MAX_AGE" help:"How long the stream keeps events; bounds replay." default:"${max_age}"`
-	DuplicateWindow time.Duration `name:"duplicate-window" env:"BATON_DUPLICATE_WINDOW" help:"JetStream deduplication window for Nats-Msg-Id." default:"${duplicate_window}"`
-	Partitions      int           `name:"partitions" env:"BATON_PARTITIONS" help:"Number of partitions in event subjects." default:"${partitions}"`
+	Stream          string        `name:"stream" env:"BATON_STREAM" setting:"Stream.Name" help:"JetStream stream of outbox events. Defaults to ${stream}."`
+	SubjectPrefix   string        `name:"subject-prefix" env:"BATON_SUBJECT_PREFIX" setting:"Stream.SubjectPrefix" help:"Subject prefix; events go to <prefix>.<partition>.<conversation>. Defaults to ${subject_prefix}."`
+	Replicas        int           `name:"replicas" env:"BATON_REPLICAS" setting:"Stream.Replicas" help:"Stream replicas (1 for development, 3 in production). Defaults to ${replicas}."`
+	MaxAge          time.Duration `name:"max-age" env:"BATON_MAX_AGE" setting:"Stream.MaxAge" help:"How long the stream keeps events; bounds replay. Defaults to ${max_age}."`
+	DuplicateWindow time.Duration `name:"duplicate-window" env:"BATON_DUPLICATE_WINDOW" setting:"Stream.DuplicateWindow" help:"JetStream deduplication window for Nats-Msg-Id. Defaults to ${duplicate_window}."`
+	Partitions      int           `name:"partitions" env:"BATON_PARTITIONS" setting:"Stream.Partitions" help:"Number of partitions in event subjects. Defaults to ${partitions}."`
 }
 
-// StreamConfig converts the flags into the nats package's configuration.
+// StreamConfig converts the flags into the nats package's configuration;
+// zero fields take the library's defaults.
 func (s Stream) StreamConfig() batonnats.StreamConfig {
 	return batonnats.StreamConfig{
 		Name:            s.Stream,
@@ -87,13 +89,19 @@ func (s Stream) StreamConfig() batonnats.StreamConfig {
 	}
 }
 
-// Validate checks the stream settings.
-func (s Stream) Validate() error { return s.StreamConfig().Validate() }
+// Check checks the stream settings with the library's defaults filled
+// in; errors are *setting.Error with the field under "Stream.".
+func (s Stream) Check() error {
+	if err := s.StreamConfig().WithDefaults().Validate(); err != nil {
+		return setting.Within("Stream", err)
+	}
+	return nil
+}
 
 // Replication names the publication and slot the relay reads.
 type Replication struct {
-	Slot        string `name:"slot" env:"BATON_SLOT" help:"Logical replication slot the relay reads from." default:"${slot}"`
-	Publication string `name:"publication" env:"BATON_PUBLICATION" help:"Publication of agent_outbox inserts." default:"${publication}"`
+	Slot        string `name:"slot" env:"BATON_SLOT" setting:"Slot" help:"Logical replication slot the relay reads from." default:"${slot}"`
+	Publication string `name:"publication" env:"BATON_PUBLICATION" setting:"Publication" help:"Publication of agent_outbox inserts." default:"${publication}"`
 }
 
 // Validate checks the names are valid PostgreSQL identifiers for slots.
@@ -119,25 +127,5 @@ func validSlotName(s string) bool {
 	return true
 }
 
-// Defaults of the shared settings.
-const (
-	DefaultSlot        = relay.DefaultSlot
-	DefaultPublication = relay.DefaultPublication
-	DefaultHTTPAddr    = "127.0.0.1:8080"
-)
-
-// Vars are the kong variables behind the ${...} defaults above.
-func Vars() map[string]string {
-	return map[string]string{
-		"nats_url":         batonnats.DefaultURL,
-		"stream":           batonnats.DefaultStream,
-		"subject_prefix":   batonnats.DefaultSubjectPrefix,
-		"replicas":         fmt.Sprint(batonnats.DefaultReplicas),
-		"max_age":          batonnats.DefaultMaxAge.String(),
-		"duplicate_window": batonnats.DefaultDuplicateWindow.String(),
-		"partitions":       fmt.Sprint(batonnats.DefaultPartitions),
-		"slot":             DefaultSlot,
-		"publication":      DefaultPublication,
-		"http_addr":        DefaultHTTPAddr,
-	}
-}
+// DefaultHTTPAddr is where the API listens unless told otherwise.
+const DefaultHTTPAddr = "127.0.0.1:8080"

@@ -18,7 +18,7 @@ import (
 	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/consumer"
-	"github.com/batonhq/baton/internal/stack"
+	"github.com/batonhq/baton/internal/cli"
 	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
@@ -77,7 +77,7 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 	}
 	stackDone := make(chan error, 1)
 	go func() {
-		stackDone <- stack.Run(ctx, stack.Config{
+		stackDone <- cli.RunStack(ctx, cli.StackConfig{
 			Pool: db.Pool, NATS: nc,
 			Relay:  relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
 			Worker: wcfg,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/migrations"
@@ -38,13 +39,25 @@ var (
 	dbCounter atomic.Int64
 )
 
-// Main runs the package's tests and stops the package's Postgres cluster
-// afterwards. Use it from TestMain: os.Exit(testenv.Main(m)).
+// Main runs the package's tests, stops the package's Postgres cluster
+// afterwards, and fails the run when the tests passed but left goroutines
+// behind (goleak). Every test package uses it from TestMain:
+// os.Exit(testenv.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
 	if cluster != nil {
 		_ = cluster.Stop(pgcluster.Fast)
 		_ = os.RemoveAll(clusterDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(
+			// pgx pools close their background health checks asynchronously.
+			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
+		); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak: "+err.Error())
+			code = 1
+		}
 	}
 	return code
 }

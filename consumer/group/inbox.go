@@ -1,4 +1,4 @@
-package consumer
+package group
 
 import (
 	"context"
@@ -24,15 +24,11 @@ func (e *handlerError) Unwrap() error { return e.err }
 func (g *Group) apply(ctx context.Context, ev Event) (Outcome, error) {
 	outcome := OutcomeApplied
 	err := pgx.BeginFunc(ctx, g.cfg.Pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO group_inbox (group_name, event_id, stream_seq, outbox_id)
-			VALUES ($1, $2, $3, $4)
-			ON CONFLICT (group_name, event_id) DO NOTHING`,
-			ev.Group, ev.ID, int64(ev.StreamSeq), ev.OutboxID)
+		fresh, err := schema.RecordGroupEventTx(ctx, tx, ev.Group, ev.ID, ev.StreamSeq, ev.OutboxID)
 		if err != nil {
-			return fmt.Errorf("record event in inbox: %w", err)
+			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if !fresh {
 			outcome = OutcomeDuplicate
 			return nil
 		}
@@ -41,12 +37,7 @@ func (g *Group) apply(ctx context.Context, ev Event) (Outcome, error) {
 		}
 		// An event parked earlier and applied now (a replay after a fix)
 		// is no longer dead.
-		if _, err := tx.Exec(ctx, `
-			UPDATE group_dead_letters SET resolved_at = now()
-			WHERE group_name = $1 AND event_id = $2 AND resolved_at IS NULL`, ev.Group, ev.ID); err != nil {
-			return fmt.Errorf("resolve dead letter: %w", err)
-		}
-		return nil
+		return schema.ResolveDeadLetterTx(ctx, tx, ev.Group, ev.ID)
 	})
 	return outcome, err
 }
@@ -65,12 +56,7 @@ func callHandler(ctx context.Context, h Handler, tx pgx.Tx, ev Event) (err error
 // Applied reports whether group has applied the event with the given ID:
 // whether its inbox holds it.
 func Applied(ctx context.Context, db schema.Executor, group, eventID string) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM group_inbox WHERE group_name = $1 AND event_id = $2)`, group, eventID).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("read inbox of group %s: %w", group, err)
-	}
-	return ok, nil
+	return schema.GroupApplied(ctx, db, group, eventID)
 }
 
 // permanentError marks a handler error that no retry can fix.

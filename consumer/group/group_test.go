@@ -1,9 +1,10 @@
-package consumer
+package group
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,18 +15,31 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/outboxtest"
 	"github.com/batonhq/baton/internal/testenv"
-	"github.com/batonhq/baton/schema"
+	batonnats "github.com/batonhq/baton/nats"
 )
 
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// bundle is one test's Postgres, NATS, relay and user.
+type bundle struct {
+	*outboxtest.Bundle
+}
+
+func setup(t testing.TB) *bundle {
+	t.Helper()
+	return &bundle{Bundle: outboxtest.Setup(t)}
+}
+
 // groupConfig is a group with short timings for tests.
-func (b *bundle) groupConfig(name string, h Handler) GroupConfig {
-	return GroupConfig{
+func (b *bundle) groupConfig(name string, h Handler) Config {
+	return Config{
 		Name:            name,
 		Handler:         h,
-		Pool:            b.db.Pool,
-		JetStream:       b.js,
-		Stream:          b.stream,
+		Pool:            b.DB.Pool,
+		JetStream:       b.JS,
+		Stream:          b.Stream,
 		RetryMin:        10 * time.Millisecond,
 		RetryMax:        100 * time.Millisecond,
 		AckWait:         2 * time.Second,
@@ -35,10 +49,10 @@ func (b *bundle) groupConfig(name string, h Handler) GroupConfig {
 
 // startGroup runs a group until stop is called or the test ends; stop
 // returns what Run returned.
-func (b *bundle) startGroup(cfg GroupConfig) (stop func() error) {
-	b.t.Helper()
-	g, err := NewGroup(cfg)
-	require.NoError(b.t, err)
+func (b *bundle) startGroup(cfg Config) (stop func() error) {
+	b.T.Helper()
+	g, err := New(cfg)
+	require.NoError(b.T, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
@@ -56,10 +70,10 @@ func (b *bundle) startGroup(cfg GroupConfig) (stop func() error) {
 		})
 		return runErr
 	}
-	b.t.Cleanup(func() {
+	b.T.Cleanup(func() {
 		// A test that stopped the group checked what Run returned.
 		if !stopped {
-			require.NoError(b.t, stopRun())
+			require.NoError(b.T, stopRun())
 		}
 	})
 	return func() error {
@@ -68,71 +82,8 @@ func (b *bundle) startGroup(cfg GroupConfig) (stop func() error) {
 	}
 }
 
-// relayStreaming waits until the relay holds its slot, so that every row
-// committed afterwards is announced once, by its insert (a row committed
-// while the relay creates its slot may be announced by the relay's catch-up
-// sweep too: two events for one row), and until it has provisioned the
-// stream (nats-server 2.15.3 races, under -race, between a stream update
-// and a consumer create on it).
-func (b *bundle) relayStreaming() {
-	b.t.Helper()
-	b.eventually(30*time.Second, func() bool {
-		// A slot being created is active too, held by a plain backend;
-		// a streaming one is held by a WAL sender.
-		return b.count(`
-			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-			WHERE s.database = current_database()`) == 1
-	}, "the relay streams from its slot")
-}
-
-// sendMany commits n user messages spread over conversations, in
-// transactions of up to 250, and returns their outbox rows.
-func (b *bundle) sendMany(n, conversations int, prefix string) []int64 {
-	b.t.Helper()
-	ctx := context.Background()
-	for c := range conversations {
-		b.conversation(fmt.Sprintf("%s.%d", prefix, c))
-	}
-	ids := make([]int64, 0, n)
-	for lo := 0; lo < n; lo += 250 {
-		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
-				return err
-			}
-			for i := lo; i < min(lo+250, n); i++ {
-				res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{
-					ConversationID: fmt.Sprintf("%s.%d", prefix, i%conversations),
-					MessageID:      fmt.Sprintf("%s-m%d", prefix, i),
-					Content:        "hello",
-				})
-				if err != nil {
-					return err
-				}
-				ids = append(ids, res.OutboxID)
-			}
-			return nil
-		})
-		require.NoError(b.t, err)
-	}
-	return ids
-}
-
-// groupSettled waits until the group's consumer has nothing pending or
-// unacknowledged.
-func (b *bundle) groupSettled(name string, timeout time.Duration) {
-	b.t.Helper()
-	b.eventually(timeout, func() bool {
-		c, err := b.js.Consumer(context.Background(), b.stream.Name, name)
-		if err != nil {
-			return false
-		}
-		ci, err := c.Info(context.Background())
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	}, "group %s has every event acked", name)
-}
-
 func createEffects(t *testing.T, b *bundle) {
-	_, err := b.db.Pool.Exec(context.Background(), `CREATE TABLE test_effects (group_name TEXT NOT NULL, event_id TEXT NOT NULL, outbox_id BIGINT NOT NULL)`)
+	_, err := b.DB.Pool.Exec(context.Background(), `CREATE TABLE test_effects (group_name TEXT NOT NULL, event_id TEXT NOT NULL, outbox_id BIGINT NOT NULL)`)
 	require.NoError(t, err)
 }
 
@@ -147,7 +98,7 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	t.Parallel()
 	b := setup(t)
 	createEffects(t, b)
-	b.relayStreaming()
+	b.RelayStreaming()
 	const events = 5000
 
 	b.startGroup(b.groupConfig("alpha", recordEffect))
@@ -158,7 +109,7 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	// its ack never reaches the server, as when a process dies between
 	// commit and ack. JetStream delivers those events again to the
 	// restarted group, whose inbox must recognize them.
-	betaConn, err := natsclient.Connect(b.nats.URL)
+	betaConn, err := natsclient.Connect(b.NATS.URL)
 	require.NoError(t, err)
 	betaJS, err := jetstream.New(betaConn)
 	require.NoError(t, err)
@@ -173,14 +124,14 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	})
 	beta.JetStream = betaJS
 	beta.AckWait = time.Second
-	betaGroup, err := NewGroup(beta)
+	betaGroup, err := New(beta)
 	require.NoError(t, err)
 	betaCtx, cancelBeta := context.WithCancel(context.Background())
 	defer cancelBeta()
 	betaDone := make(chan error, 1)
 	go func() { betaDone <- betaGroup.Run(betaCtx) }()
 
-	ids := b.sendMany(events, 50, "fan")
+	ids := b.SendMany(events, 50, "fan")
 	require.Len(t, ids, events)
 
 	select {
@@ -194,7 +145,7 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	case <-time.After(30 * time.Second):
 		t.Fatal("group beta did not stop within 30s of losing its connection")
 	}
-	atStop := b.count(`SELECT count(*) FROM test_effects WHERE group_name = 'beta'`)
+	atStop := b.Count(`SELECT count(*) FROM test_effects WHERE group_name = 'beta'`)
 	require.Less(t, atStop, events, "beta stopped before it applied every event")
 
 	var duplicates atomic.Int64
@@ -208,16 +159,16 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 	b.startGroup(beta2)
 
 	for _, g := range []string{"alpha", "beta", "gamma"} {
-		b.eventually(90*time.Second, func() bool {
-			return b.count(`SELECT count(DISTINCT outbox_id) FROM test_effects WHERE group_name = $1`, g) == events
+		b.Eventually(90*time.Second, func() bool {
+			return b.Count(`SELECT count(DISTINCT outbox_id) FROM test_effects WHERE group_name = $1`, g) == events
 		}, "group %s applied all %d events", g, events)
-		b.groupSettled(g, 30*time.Second)
+		b.ConsumerSettled(g, 30*time.Second)
 	}
 	for _, g := range []string{"alpha", "beta", "gamma"} {
-		require.Equal(t, events, b.count(`SELECT count(*) FROM test_effects WHERE group_name = $1`, g), "group %s applied each event exactly once", g)
-		require.Equal(t, events, b.count(`SELECT count(DISTINCT event_id) FROM test_effects WHERE group_name = $1`, g), "group %s saw %d distinct events", g, events)
-		require.Equal(t, events, b.count(`SELECT count(*) FROM group_inbox WHERE group_name = $1`, g), "group %s's inbox holds every event once", g)
-		require.Zero(t, b.count(`SELECT count(*) FROM group_dead_letters WHERE group_name = $1`, g))
+		require.Equal(t, events, b.Count(`SELECT count(*) FROM test_effects WHERE group_name = $1`, g), "group %s applied each event exactly once", g)
+		require.Equal(t, events, b.Count(`SELECT count(DISTINCT event_id) FROM test_effects WHERE group_name = $1`, g), "group %s saw %d distinct events", g, events)
+		require.Equal(t, events, b.Count(`SELECT count(*) FROM group_inbox WHERE group_name = $1`, g), "group %s's inbox holds every event once", g)
+		require.Zero(t, b.Count(`SELECT count(*) FROM group_dead_letters WHERE group_name = $1`, g))
 	}
 	require.Positive(t, duplicates.Load(), "the event committed without its ack came back and was recognized by beta's inbox")
 }
@@ -226,9 +177,9 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	t.Parallel()
 	b := setup(t)
 	createEffects(t, b)
-	b.relayStreaming()
-	b.conversation("poison")
-	b.conversation("fine")
+	b.RelayStreaming()
+	b.Conversation("poison")
+	b.Conversation("fine")
 
 	var fixed atomic.Bool
 	var poisonCalls atomic.Int64
@@ -248,9 +199,9 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	}
 	stop := b.startGroup(cfg)
 
-	poisonID := b.send("poison", "p1", "boom")
+	poisonID := b.Send("poison", "p1", "boom")
 	for i := range 3 {
-		b.send("fine", fmt.Sprintf("f%d", i), "ok")
+		b.Send("fine", fmt.Sprintf("f%d", i), "ok")
 	}
 	for i, want := range []Outcome{OutcomeRetry, OutcomeRetry, OutcomeParked} {
 		select {
@@ -262,37 +213,37 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	}
 	require.EqualValues(t, 3, poisonCalls.Load(), "the handler ran once per attempt, up to the cap")
 
-	dead, err := DeadLetters(context.Background(), b.db.Pool, "fragile", false)
+	dead, err := DeadLetters(context.Background(), b.DB.Pool, "fragile", false)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, fmt.Sprintf("outbox-%d", poisonID), dead[0].EventID)
 	require.Equal(t, 3, dead[0].Attempts)
 	require.Contains(t, dead[0].Error, "cannot handle attempt 3")
 	require.Nil(t, dead[0].ResolvedAt)
-	applied, err := Applied(context.Background(), b.db.Pool, "fragile", dead[0].EventID)
+	applied, err := Applied(context.Background(), b.DB.Pool, "fragile", dead[0].EventID)
 	require.NoError(t, err)
 	require.False(t, applied, "a parked event is not in the inbox, so a replay can apply it")
 
 	// The group moved on: the other events, and one sent after the
 	// parking, are applied, and nothing is left unacknowledged.
-	b.send("fine", "f-after", "ok")
-	b.eventually(30*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM test_effects WHERE group_name = 'fragile'`) == 4
+	b.Send("fine", "f-after", "ok")
+	b.Eventually(30*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM test_effects WHERE group_name = 'fragile'`) == 4
 	}, "the four good events are applied")
-	b.groupSettled("fragile", 30*time.Second)
+	b.ConsumerSettled("fragile", 30*time.Second)
 	require.EqualValues(t, 3, poisonCalls.Load(), "a parked event is not delivered again")
 	require.NoError(t, stop())
 
 	// Once the handler is fixed, a replay applies the parked event and
 	// resolves its dead letter; the events applied before are skipped.
 	fixed.Store(true)
-	g, err := NewGroup(cfg)
+	g, err := New(cfg)
 	require.NoError(t, err)
-	res, err := Replay(context.Background(), ReplayConfig{JetStream: b.js, Stream: b.stream, Group: "fragile", From: Position{All: true}, Runner: g, ProgressInterval: 20 * time.Millisecond})
+	res, err := Replay(context.Background(), ReplayConfig{JetStream: b.JS, Stream: b.Stream, Group: "fragile", From: Position{All: true}, Runner: g, ProgressInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	require.EqualValues(t, 5, res.Total)
-	require.Equal(t, 5, b.count(`SELECT count(*) FROM test_effects WHERE group_name = 'fragile'`), "only the parked event was applied by the replay")
-	dead, err = DeadLetters(context.Background(), b.db.Pool, "fragile", true)
+	require.Equal(t, 5, b.Count(`SELECT count(*) FROM test_effects WHERE group_name = 'fragile'`), "only the parked event was applied by the replay")
+	dead, err = DeadLetters(context.Background(), b.DB.Pool, "fragile", true)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.NotNil(t, dead[0].ResolvedAt, "applying a parked event resolves its dead letter")
@@ -317,4 +268,50 @@ func TestAuditTableRefusesUpdateDeleteAndTruncate(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE reason = 'insert'`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// TestGroupRejoinsItsDeletedDurableAndAStreamRecreatedEmpty: a group whose
+// durable is deleted, or whose stream comes back empty (every NATS node's
+// store lost), creates its durable again and applies the events published
+// afterwards, as the turn runner does.
+func TestGroupRejoinsItsDeletedDurableAndAStreamRecreatedEmpty(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(t *testing.T, b *bundle)
+	}{
+		{"durable deleted", func(t *testing.T, b *bundle) {
+			require.NoError(t, b.JS.DeleteConsumer(context.Background(), b.Stream.Name, "rejoiner"))
+		}},
+		{"stream recreated empty", func(t *testing.T, b *bundle) {
+			ctx := context.Background()
+			require.NoError(t, b.JS.DeleteStream(ctx, b.Stream.Name))
+			_, err := batonnats.EnsureStream(ctx, b.JS, b.Stream)
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			createEffects(t, b)
+			b.RelayStreaming()
+			rejoined := make(chan struct{}, 1)
+			cfg := b.groupConfig("rejoiner", recordEffect)
+			cfg.CheckInterval = 200 * time.Millisecond
+			cfg.OnRejoin = func() { rejoined <- struct{}{} }
+			b.startGroup(cfg)
+
+			b.SendMany(3, 1, "before")
+			b.Eventually(30*time.Second, func() bool {
+				return b.Count(`SELECT count(*) FROM test_effects`) == 3
+			}, "the group applies the events sent before the loss")
+
+			tc.lose(t, b)
+			testenv.WaitOrTimeout(t, rejoined, 30*time.Second, "the group rejoins")
+			b.SendMany(4, 2, "after")
+			b.Eventually(30*time.Second, func() bool {
+				return b.Count(`SELECT count(*) FROM test_effects WHERE event_id LIKE 'outbox-%'`) == 7
+			}, "the group applies the events sent after it rejoined")
+			require.Equal(t, 7, b.Count(`SELECT count(DISTINCT outbox_id) FROM test_effects`), "each event once")
+		})
+	}
 }

@@ -1,4 +1,4 @@
-package consumer
+package group
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // Defaults of a replay.
@@ -144,7 +145,7 @@ func (c ReplayConfig) Validate() error {
 		return errors.New("no group given: set --group, such as audit")
 	}
 	if c.ProgressInterval <= 0 || c.StallWarning <= 0 {
-		return errors.New("consumer: ProgressInterval and StallWarning must be positive")
+		return errors.New("group: ProgressInterval and StallWarning must be positive")
 	}
 	if err := c.From.Validate(); err != nil {
 		return err
@@ -192,7 +193,7 @@ type ReplayResult struct {
 // runner's claim, which takes only pending rows, does the same for turns.
 func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 	if cfg.JetStream == nil {
-		return ReplayResult{}, errors.New("consumer: ReplayConfig.JetStream is nil: give a JetStream context")
+		return ReplayResult{}, errors.New("group: ReplayConfig.JetStream is nil: give a JetStream context")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -223,11 +224,9 @@ func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 	res := ReplayResult{DryRun: cfg.DryRun, AlreadyApplied: -1}
 	if cfg.DryRun {
 		if cfg.Pool != nil && p.Total > 0 {
-			err := cfg.Pool.QueryRow(ctx, `
-				SELECT count(*) FROM group_inbox WHERE group_name = $1 AND stream_seq BETWEEN $2 AND $3`,
-				cfg.Group, int64(start), int64(last)).Scan(&res.AlreadyApplied)
+			res.AlreadyApplied, err = schema.CountGroupApplied(ctx, cfg.Pool, cfg.Group, start, last)
 			if err != nil {
-				return ReplayResult{}, fmt.Errorf("count applied events of group %s: %w", cfg.Group, err)
+				return ReplayResult{}, err
 			}
 		} else if cfg.Pool != nil {
 			res.AlreadyApplied = 0
@@ -241,7 +240,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 	if cfg.Runner != nil {
 		s, c := cfg.Runner.Durable()
 		if c.Name != cfg.Group || s.WithDefaults().Name != streamName {
-			return ReplayResult{}, fmt.Errorf("consumer: the runner consumes %s/%s, not %s/%s", s.WithDefaults().Name, c.Name, streamName, cfg.Group)
+			return ReplayResult{}, fmt.Errorf("group: the runner consumes %s/%s, not %s/%s", s.WithDefaults().Name, c.Name, streamName, cfg.Group)
 		}
 		durable, err = batonnats.EnsureConsumer(ctx, js, s, c)
 	} else {

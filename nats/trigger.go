@@ -27,6 +27,9 @@ const (
 	// ReasonRetry is an announcement by recovery, after rows went back to
 	// pending.
 	ReasonRetry Reason = "retry"
+	// ReasonUserRetry is an announcement of failed rows that a user asked
+	// to try again (POST .../retry).
+	ReasonUserRetry Reason = "user_retry"
 	// ReasonSweep is an announcement by the sweeper, for pending rows that
 	// nobody claimed in time.
 	ReasonSweep Reason = "sweep"
@@ -43,7 +46,7 @@ type Trigger struct {
 	Reason         Reason    `json:"reason"`
 	// Announcement distinguishes announcements of one row for JetStream's
 	// duplicate window: empty for the first, "a<attempts>" for a retry,
-	// "s<unix nanos>" for a sweep.
+	// "s<unix nanos>" for a sweep, "u<unix nanos>" for a user's retry.
 	Announcement string `json:"announcement,omitempty"`
 }
 

@@ -1,10 +1,15 @@
-package consumer
+// Package group runs consumer groups on the outbox stream: each group is a
+// named durable consumer with its own inbox, so every event is applied once
+// however often it is delivered or replayed, and its own dead letters, so a
+// failing event is parked visibly instead of dropped. Audit and Webhook are
+// built-in handlers; Replay moves a group back through the stream's
+// retention.
+package group
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync"
 	"time"
 
@@ -14,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/batonhq/baton/consumer/pull"
+	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -24,35 +31,38 @@ import (
 // is at least once: send Event.ID along so the other side can deduplicate.
 //
 // An error rolls tx back and the event is delivered again after a backoff;
-// past GroupConfig.MaxAttempts, or at once for an error wrapped with
+// past Config.MaxAttempts, or at once for an error wrapped with
 // Permanent, the event is parked in group_dead_letters with the error and
 // the group moves on.
 type Handler func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // Defaults of a consumer group.
 const (
-	// DefaultGroupLanes is how many events a group process handles at
+	// DefaultLanes is how many events a group process handles at
 	// once.
-	DefaultGroupLanes = 8
-	// DefaultGroupMaxAttempts caps deliveries of a failing event before it
+	DefaultLanes = 8
+	// DefaultMaxAttempts caps deliveries of a failing event before it
 	// is parked.
-	DefaultGroupMaxAttempts = 5
-	// DefaultGroupRetryMin is the delay before the second delivery of a
-	// failed event; it doubles with each attempt up to DefaultGroupRetryMax.
-	DefaultGroupRetryMin = time.Second
-	DefaultGroupRetryMax = time.Minute
-	// DefaultGroupAckWait is how long an event may go without an ack or a
+	DefaultMaxAttempts = 5
+	// DefaultRetryMin is the delay before the second delivery of a
+	// failed event; it doubles with each attempt up to DefaultRetryMax.
+	DefaultRetryMin = time.Second
+	DefaultRetryMax = time.Minute
+	// DefaultAckWait is how long an event may go without an ack or a
 	// progress signal before JetStream redelivers it. A running handler
 	// signals progress every third of it.
-	DefaultGroupAckWait = 30 * time.Second
-	// DefaultGroupMaxAckPending bounds the events handed out to a group's
+	DefaultAckWait = 30 * time.Second
+	// DefaultMaxAckPending bounds the events handed out to a group's
 	// processes and not yet settled.
-	DefaultGroupMaxAckPending = 1000
+	DefaultMaxAckPending = 1000
+	// DefaultShutdownTimeout bounds how long a shutdown lets running
+	// handlers finish before it cancels them.
+	DefaultShutdownTimeout = 10 * time.Second
 )
 
-// GroupConfig configures a consumer group: a named durable consumer on the
+// Config configures a consumer group: a named durable consumer on the
 // outbox stream that runs one Handler for every event.
-type GroupConfig struct {
+type Config struct {
 	// Name of the group: its durable consumer, and its key in group_inbox
 	// and group_dead_letters. Every process that runs a group with this
 	// name shares its events. Required.
@@ -90,6 +100,9 @@ type GroupConfig struct {
 	// ShutdownTimeout is how long Run, once its context ends, lets running
 	// handlers finish before it cancels them. Defaults to 10s.
 	ShutdownTimeout time.Duration
+	// CheckInterval is how often the group checks that its durable still
+	// exists, to create it again when it does not. Defaults to 15s.
+	CheckInterval time.Duration
 	// Logger receives the group's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// Registerer receives the group's metrics. Defaults to a private
@@ -100,6 +113,9 @@ type GroupConfig struct {
 	// lane that handled the event and must not block for long. Defaults
 	// to none.
 	OnSettled func(Event, Outcome)
+	// OnRejoin, when set, is called after the group found its durable gone
+	// and created it again. Defaults to none.
+	OnRejoin func()
 }
 
 // Outcome is how a delivery of an event ended for a group.
@@ -118,31 +134,34 @@ const (
 )
 
 // WithDefaults returns a copy with every zero field set to its default.
-func (c GroupConfig) WithDefaults() GroupConfig {
+func (c Config) WithDefaults() Config {
 	c.Stream = c.Stream.WithDefaults()
 	if c.Description == "" {
 		c.Description = "Baton group " + c.Name
 	}
 	if c.Lanes == 0 {
-		c.Lanes = DefaultGroupLanes
+		c.Lanes = DefaultLanes
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultGroupMaxAttempts
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.RetryMin == 0 {
-		c.RetryMin = DefaultGroupRetryMin
+		c.RetryMin = DefaultRetryMin
 	}
 	if c.RetryMax == 0 {
-		c.RetryMax = max(DefaultGroupRetryMax, c.RetryMin)
+		c.RetryMax = max(DefaultRetryMax, c.RetryMin)
 	}
 	if c.AckWait == 0 {
-		c.AckWait = DefaultGroupAckWait
+		c.AckWait = DefaultAckWait
 	}
 	if c.MaxAckPending == 0 {
-		c.MaxAckPending = DefaultGroupMaxAckPending
+		c.MaxAckPending = DefaultMaxAckPending
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = pull.DefaultCheckInterval
 	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()
@@ -151,39 +170,43 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	return c
 }
 
-// Validate returns an error naming the first setting that is wrong. It does
-// not look at the connections and the handler, which NewGroup requires.
-func (c GroupConfig) Validate() error {
+// Validate returns a *setting.Error for the first setting that is wrong.
+// It does not look at the connections and the handler, which New requires.
+func (c Config) Validate() error {
 	if c.Name == "" {
-		return errors.New("group name is empty: give one, such as audit (--group)")
+		return setting.Errorf("Name", `""`, "give the group a name, such as audit")
 	}
 	for _, r := range c.Name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return fmt.Errorf("group name %q holds %q: use letters, digits, '-' and '_' (--group)", c.Name, r)
+			return setting.Errorf("Name", fmt.Sprintf("%q", c.Name), "holds %q: use letters, digits, '-' and '_'", r)
 		}
 	}
 	switch {
 	case c.Lanes < 1:
-		return fmt.Errorf("lanes %d must be at least 1 (--lanes / BATON_GROUP_LANES)", c.Lanes)
+		return setting.Errorf("Lanes", c.Lanes, "must be at least 1")
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("max attempts %d must be at least 1 (--max-attempts / BATON_GROUP_MAX_ATTEMPTS)", c.MaxAttempts)
+		return setting.Errorf("MaxAttempts", c.MaxAttempts, "must be at least 1")
 	case c.RetryMin <= 0:
-		return fmt.Errorf("retry min %s must be positive (--retry-min / BATON_GROUP_RETRY_MIN)", c.RetryMin)
+		return setting.Errorf("RetryMin", c.RetryMin, "must be positive")
 	case c.RetryMax < c.RetryMin:
-		return fmt.Errorf("retry max %s is below retry min %s (--retry-max / BATON_GROUP_RETRY_MAX)", c.RetryMax, c.RetryMin)
+		return setting.Errorf("RetryMax", c.RetryMax, "is below the retry min %s", c.RetryMin)
 	case c.ShutdownTimeout <= 0:
-		return fmt.Errorf("shutdown timeout %s must be positive", c.ShutdownTimeout)
+		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
+	case c.CheckInterval <= 0:
+		return setting.Errorf("CheckInterval", c.CheckInterval, "must be positive")
 	}
 	if err := c.Stream.Validate(); err != nil {
-		return err
+		return setting.Within("Stream", err)
 	}
+	// The durable's settings are the group's own fields (AckWait,
+	// MaxAckPending), with the same names.
 	return c.consumer().Validate()
 }
 
 // consumer is the group's durable consumer. MaxDeliver is unlimited and
 // there is no broker backoff: attempts are counted here and end in a
 // visible dead letter, where a broker cap would drop the event silently.
-func (c GroupConfig) consumer() batonnats.ConsumerConfig {
+func (c Config) consumer() batonnats.ConsumerConfig {
 	return batonnats.ConsumerConfig{
 		Name:          c.Name,
 		Description:   c.Description,
@@ -196,36 +219,36 @@ func (c GroupConfig) consumer() batonnats.ConsumerConfig {
 // Group runs a Handler as a named durable consumer group on the outbox
 // stream.
 //
-// The turn runner (Worker) is the group named turns: it is provisioned the
-// same way (nats.EnsureConsumer, one durable per group, deliver policy all),
+// The turn runner (consumer.Worker) is the group named turns: it runs the
+// same pull loop (consumer/pull: one durable per group, deliver policy all),
 // and Replay drives it like any group. It keeps its own deduplication
 // instead of an inbox, because its effect is not per event: a trigger means
 // "look at this conversation's pending rows", the claim takes only pending
 // rows, and the reply ID derives from the claimed rows. A redelivered or
 // replayed trigger therefore finds nothing to claim and is acked.
 type Group struct {
-	cfg     GroupConfig
+	cfg     Config
 	log     zerolog.Logger
-	metrics *groupMetrics
+	metrics *metrics
 }
 
-// NewGroup checks the configuration and returns a group; Run starts it.
-func NewGroup(cfg GroupConfig) (*Group, error) {
+// New checks the configuration and returns a group; Run starts it.
+func New(cfg Config) (*Group, error) {
 	switch {
 	case cfg.Pool == nil:
-		return nil, errors.New("consumer: GroupConfig.Pool is nil: give a database pool")
+		return nil, errors.New("group: Config.Pool is nil: give a database pool")
 	case cfg.JetStream == nil:
-		return nil, errors.New("consumer: GroupConfig.JetStream is nil: give a JetStream context")
+		return nil, errors.New("group: Config.JetStream is nil: give a JetStream context")
 	case cfg.Handler == nil:
-		return nil, errors.New("consumer: GroupConfig.Handler is nil: give the function that applies events")
+		return nil, errors.New("group: Config.Handler is nil: give the function that applies events")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m, err := newGroupMetrics(cfg.Registerer, cfg.Name)
+	m, err := newMetrics(cfg.Registerer, cfg.Name)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: register metrics of group %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("group: register metrics of group %s: %w", cfg.Name, err)
 	}
 	return &Group{cfg: cfg, log: cfg.Logger.With().Str("group", cfg.Name).Logger(), metrics: m}, nil
 }
@@ -241,20 +264,23 @@ func (g *Group) Durable() (batonnats.StreamConfig, batonnats.ConsumerConfig) {
 
 // Run handles events until ctx ends, then shuts down: it stops fetching,
 // hands undelivered events back to the group, lets running handlers finish
-// within ShutdownTimeout and cancels the rest. It returns nil after a
-// shutdown, with no goroutine left behind.
+// within ShutdownTimeout and cancels the rest. A durable that disappears
+// (deleted, or lost with a stream recreated empty) is created again and the
+// group goes on. Run returns nil after a shutdown, with no goroutine left
+// behind.
 func (g *Group) Run(ctx context.Context) error {
 	stream, durable := g.Durable()
-	cons, err := batonnats.EnsureConsumer(ctx, g.cfg.JetStream, stream, durable)
+	loop, err := pull.New(pull.Config{
+		JetStream:     g.cfg.JetStream,
+		Stream:        stream,
+		Consumer:      durable,
+		MaxMessages:   max(2*g.cfg.Lanes, 16),
+		CheckInterval: g.cfg.CheckInterval,
+		Logger:        &g.log,
+		OnRejoin:      g.cfg.OnRejoin,
+	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
 		return err
-	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(max(2*g.cfg.Lanes, 16)))
-	if err != nil {
-		return fmt.Errorf("consume %s/%s: %w", stream.Name, g.cfg.Name, err)
 	}
 	// Handlers run on hardCtx: a shutdown lets them finish (their
 	// transaction commits or rolls back whole) until ShutdownTimeout.
@@ -265,9 +291,8 @@ func (g *Group) Run(ctx context.Context) error {
 	lanes := make([]chan jetstream.Msg, g.cfg.Lanes)
 	for i := range lanes {
 		lanes[i] = make(chan jetstream.Msg, 2)
-		wg.Add(1)
-		go func(in <-chan jetstream.Msg) {
-			defer wg.Done()
+		in := lanes[i]
+		wg.Go(func() {
 			for msg := range in {
 				if ctx.Err() != nil {
 					// Not started: back to the group at once.
@@ -276,45 +301,12 @@ func (g *Group) Run(ctx context.Context) error {
 				}
 				g.handle(hardCtx, msg)
 			}
-		}(lanes[i])
+		})
 	}
-	fetching := make(chan struct{})
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		select {
-		case <-ctx.Done():
-			// Drain hands over what was already fetched; the loop below
-			// returns it to the group at once.
-			iter.Drain()
-		case <-fetching:
-		}
-	}()
 	g.log.Info().Str("stream", stream.Name).Int("lanes", g.cfg.Lanes).Msg("group started")
-
-	for {
-		msg, err := iter.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				break
-			}
-			if ctx.Err() == nil {
-				g.log.Warn().Err(err).Msg("fetch events")
-				select {
-				case <-ctx.Done():
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			_ = msg.Nak()
-			continue
-		}
+	runErr := loop.Run(ctx, func(msg jetstream.Msg) {
 		lanes[laneOf(msg.Subject(), len(lanes))] <- msg
-	}
-	close(fetching)
-	iter.Stop()
+	})
 	for _, l := range lanes {
 		close(l)
 	}
@@ -330,12 +322,8 @@ func (g *Group) Run(ctx context.Context) error {
 		hardCancel()
 		<-done
 	}
-	<-drained
-	if ctx.Err() == nil {
-		// The iterator ends by itself when the NATS connection was closed
-		// for good, or when the durable consumer was deleted (a stream
-		// recreated empty). Starting the group again provisions it anew.
-		return fmt.Errorf("group %s stopped receiving events: its consumer was deleted or the NATS connection closed; start it again to provision the consumer", g.cfg.Name)
+	if runErr != nil {
+		return runErr
 	}
 	g.log.Info().Msg("group stopped")
 	return nil
@@ -343,9 +331,7 @@ func (g *Group) Run(ctx context.Context) error {
 
 // laneOf keeps the events of one subject (one conversation) on one lane.
 func laneOf(subject string, lanes int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(subject))
-	return int(h.Sum32() % uint32(lanes))
+	return int(batonnats.Hash(subject) % uint32(lanes))
 }
 
 // handle applies one delivered event and settles it.
@@ -392,7 +378,7 @@ func (g *Group) settle(ctx context.Context, msg jetstream.Msg, ev Event, err err
 		g.settled(ev, OutcomeRetry)
 		return
 	}
-	if perr := park(ctx, g.cfg.Pool, ev, he.err); perr != nil {
+	if perr := g.park(ctx, ev, he.err); perr != nil {
 		// Not parked: the event must not be lost, so it comes back.
 		if ctx.Err() == nil {
 			log.Error().Err(perr).AnErr("handler_error", he.err).Msg("park event")
@@ -448,13 +434,13 @@ func keepAlive(msg jetstream.Msg, every time.Duration) (stop func()) {
 	}
 }
 
-// groupMetrics of a group, labelled with its name.
-type groupMetrics struct {
+// metrics of a group, labelled with its name.
+type metrics struct {
 	events *prometheus.CounterVec
 }
 
-func newGroupMetrics(reg prometheus.Registerer, group string) (*groupMetrics, error) {
-	m := &groupMetrics{
+func newMetrics(reg prometheus.Registerer, group string) (*metrics, error) {
+	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "baton_group_events_total",
 			Help:        "Event deliveries settled by a consumer group, by outcome (applied, duplicate, retry, parked).",

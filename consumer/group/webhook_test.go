@@ -1,4 +1,4 @@
-package consumer
+package group
 
 import (
 	"context"
@@ -73,7 +73,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestWebhookReceiverFailingTwiceGetsEverySignedEventAndAppliesNoneTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.relayStreaming()
+	b.RelayStreaming()
 	rc := &receiver{secret: "s3cret", requests: map[string]int{}, applied: map[string]int{}, bodies: map[string]WebhookPayload{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
@@ -84,16 +84,16 @@ func TestWebhookReceiverFailingTwiceGetsEverySignedEventAndAppliesNoneTwice(t *t
 	stop := b.startGroup(cfg)
 
 	const events = 30
-	ids := b.sendMany(events, 5, "hook")
-	b.conversation("rejected")
-	rejected := b.send("rejected", "r1", "no")
+	ids := b.SendMany(events, 5, "hook")
+	b.Conversation("rejected")
+	rejected := b.Send("rejected", "r1", "no")
 
-	b.eventually(60*time.Second, func() bool {
+	b.Eventually(60*time.Second, func() bool {
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
 		return len(rc.applied) == events && rc.duplicates == events
 	}, "the receiver applied %d events and saw each third delivery as a duplicate", events)
-	b.groupSettled(WebhookGroup, 30*time.Second)
+	b.ConsumerSettled(WebhookGroup, 30*time.Second)
 	require.NoError(t, stop())
 
 	rc.mu.Lock()
@@ -106,9 +106,9 @@ func TestWebhookReceiverFailingTwiceGetsEverySignedEventAndAppliesNoneTwice(t *t
 		require.Equal(t, id, rc.bodies[eventID].OutboxID)
 		require.Equal(t, WebhookGroup, rc.bodies[eventID].Group)
 	}
-	require.Equal(t, events, b.count(`SELECT count(*) FROM group_inbox WHERE group_name = $1`, WebhookGroup))
+	require.Equal(t, events, b.Count(`SELECT count(*) FROM group_inbox WHERE group_name = $1`, WebhookGroup))
 
-	dead, err := DeadLetters(context.Background(), b.db.Pool, WebhookGroup, false)
+	dead, err := DeadLetters(context.Background(), b.DB.Pool, WebhookGroup, false)
 	require.NoError(t, err)
 	require.Len(t, dead, 1, "the event the receiver rejects with a 4xx is parked")
 	require.Equal(t, fmt.Sprintf("outbox-%d", rejected), dead[0].EventID)

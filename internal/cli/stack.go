@@ -1,7 +1,4 @@
-// Package stack runs the relay and a worker in one process over one
-// PostgreSQL pool and one NATS connection: what `baton dev` runs beside the
-// API, and what end-to-end tests drive.
-package stack
+package cli
 
 import (
 	"context"
@@ -19,9 +16,9 @@ import (
 	"github.com/batonhq/baton/relay"
 )
 
-// Config is the relay's and the worker's configuration. Pool, NATS and
-// JetStream are filled into both.
-type Config struct {
+// StackConfig is the relay's and the worker's configuration for RunStack.
+// Pool, NATS and JetStream are filled into both.
+type StackConfig struct {
 	Pool   *pgxpool.Pool
 	NATS   *natsclient.Conn
 	Events batonnats.EventsConfig
@@ -30,8 +27,10 @@ type Config struct {
 	Log    zerolog.Logger
 }
 
-// Run runs the relay and the worker until ctx ends or one fails.
-func Run(ctx context.Context, cfg Config) error {
+// RunStack runs the relay and a worker in one process over one PostgreSQL
+// pool and one NATS connection, until ctx ends or one fails: what `baton
+// dev` runs beside the API, and what end-to-end tests drive.
+func RunStack(ctx context.Context, cfg StackConfig) error {
 	js, err := jetstream.New(cfg.NATS)
 	if err != nil {
 		return err
@@ -46,8 +45,8 @@ func Run(ctx context.Context, cfg Config) error {
 	wcfg.Stream = cfg.Relay.Stream
 	wlog := cfg.Log.With().Str("component", "worker").Logger()
 	wcfg.Logger = &wlog
-	if wcfg.OnStateChange == nil {
-		wcfg.OnStateChange = consumer.StatePublisher(js, cfg.Events, wlog)
+	if wcfg.OnConversationEvent == nil {
+		wcfg.OnConversationEvent = consumer.EventPublisher(js, cfg.Events, wlog)
 	}
 
 	g, gctx := errgroup.WithContext(ctx)

@@ -1,9 +1,9 @@
-package consumer
+package group
 
 import (
 	"context"
-	"fmt"
 
+	"github.com/batonhq/baton/schema"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -15,13 +15,9 @@ const AuditGroup = "audit"
 // truncation). With the group's inbox in the same transaction, every event
 // is in the log exactly once, however often it is delivered or replayed.
 func Audit(ctx context.Context, tx pgx.Tx, ev Event) error {
-	_, err := tx.Exec(ctx, `
-		INSERT INTO audit_events (group_name, event_id, stream_seq, subject, outbox_id, conversation_id, message_id, reason, outbox_created_at, published_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		ev.Group, ev.ID, int64(ev.StreamSeq), ev.Subject, ev.OutboxID, ev.ConversationID, ev.MessageID,
-		string(ev.Reason), ev.CreatedAt, ev.PublishedAt)
-	if err != nil {
-		return fmt.Errorf("append audit event: %w", err)
-	}
-	return nil
+	return schema.AppendAuditTx(ctx, tx, schema.AuditEvent{
+		Group: ev.Group, EventID: ev.ID, StreamSeq: ev.StreamSeq, Subject: ev.Subject, OutboxID: ev.OutboxID,
+		ConversationID: ev.ConversationID, MessageID: ev.MessageID, Reason: string(ev.Reason),
+		OutboxCreatedAt: ev.CreatedAt, PublishedAt: ev.PublishedAt,
+	})
 }

@@ -40,23 +40,23 @@ func splitDots(s string) []string {
 
 func TestParseLiveEventRejectsWhatIsNotAnEvent(t *testing.T) {
 	t.Parallel()
-	e, err := batonnats.ParseLiveEvent([]byte(`{"run_id":"run_1","seq":3,"type":"delta","text":"hi"}`))
+	e, err := batonnats.ParseLiveDelta([]byte(`{"run_id":"run_1","seq":3,"type":"delta","text":"hi"}`))
 	require.NoError(t, err)
-	require.Equal(t, batonnats.LiveEvent{RunID: "run_1", Seq: 3, Type: batonnats.LiveDelta, Text: "hi"}, e)
+	require.Equal(t, batonnats.LiveDelta{RunID: "run_1", Seq: 3, Type: batonnats.DeltaText, Text: "hi"}, e)
 	for _, bad := range []string{`not json`, `{"run_id":"r","seq":1,"type":"shout"}`, `{"run_id":"","seq":1,"type":"done"}`, `{"run_id":"r","seq":0,"type":"done"}`} {
-		_, err := batonnats.ParseLiveEvent([]byte(bad))
+		_, err := batonnats.ParseLiveDelta([]byte(bad))
 		require.Error(t, err, "%s must be refused", bad)
 	}
 }
 
 func TestLiveTextAppliesDeltasAndResets(t *testing.T) {
 	t.Parallel()
-	events := []batonnats.LiveEvent{
-		{Seq: 1, Type: batonnats.LiveDelta, Text: "Hel"},
-		{Seq: 2, Type: batonnats.LiveDelta, Text: "lo wor"},
-		{Seq: 3, Type: batonnats.LiveReset, Text: "Hel"},
-		{Seq: 4, Type: batonnats.LiveDelta, Text: "lo, world"},
-		{Seq: 5, Type: batonnats.LiveDone},
+	events := []batonnats.LiveDelta{
+		{Seq: 1, Type: batonnats.DeltaText, Text: "Hel"},
+		{Seq: 2, Type: batonnats.DeltaText, Text: "lo wor"},
+		{Seq: 3, Type: batonnats.DeltaReset, Text: "Hel"},
+		{Seq: 4, Type: batonnats.DeltaText, Text: "lo, world"},
+		{Seq: 5, Type: batonnats.DeltaDone},
 	}
 	require.Equal(t, "Hello, world", batonnats.LiveText(events))
 }

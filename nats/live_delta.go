@@ -35,58 +35,59 @@ func validToken(s string) bool {
 	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
 }
 
-// LiveEventType says what a live event does to the text a subscriber shows.
-type LiveEventType string
+// DeltaType says what a live delta does to the text a subscriber shows.
+type DeltaType string
 
 const (
-	// LiveDelta appends Text.
-	LiveDelta LiveEventType = "delta"
-	// LiveReset replaces everything shown for the run with Text: the
+	// DeltaText appends Text.
+	DeltaText DeltaType = "delta"
+	// DeltaReset replaces everything shown for the run with Text: the
 	// attempt started over (a model call was retried after part of its
 	// reply had streamed), and what streamed since the last good point is
 	// void.
-	LiveReset LiveEventType = "reset"
-	// LiveDone says the agent finished writing. The reply becomes durable
+	DeltaReset DeltaType = "reset"
+	// DeltaDone says the agent finished writing. The reply becomes durable
 	// only when the turn's finalize commits it.
-	LiveDone LiveEventType = "done"
+	DeltaDone DeltaType = "done"
 )
 
-// LiveEvent is the body of a live message. Seq starts at 1 and grows by
+// LiveDelta is the body of a live message, one step of the text a run is
+// writing. Seq starts at 1 and grows by
 // one with each event of a run, so a subscriber can tell a gap (core NATS
 // may drop messages for a slow consumer) from the end of the stream.
-type LiveEvent struct {
-	RunID string        `json:"run_id"`
-	Seq   int64         `json:"seq"`
-	Type  LiveEventType `json:"type"`
-	Text  string        `json:"text,omitempty"`
+type LiveDelta struct {
+	RunID string    `json:"run_id"`
+	Seq   int64     `json:"seq"`
+	Type  DeltaType `json:"type"`
+	Text  string    `json:"text,omitempty"`
 }
 
-// ParseLiveEvent decodes a live message body.
-func ParseLiveEvent(data []byte) (LiveEvent, error) {
-	var e LiveEvent
+// ParseLiveDelta decodes a live message body.
+func ParseLiveDelta(data []byte) (LiveDelta, error) {
+	var e LiveDelta
 	if err := json.Unmarshal(data, &e); err != nil {
-		return LiveEvent{}, fmt.Errorf("nats: live message is not a live event: %w", err)
+		return LiveDelta{}, fmt.Errorf("nats: live message is not a live delta: %w", err)
 	}
 	switch e.Type {
-	case LiveDelta, LiveReset, LiveDone:
+	case DeltaText, DeltaReset, DeltaDone:
 	default:
-		return LiveEvent{}, fmt.Errorf("nats: live event has unknown type %q: want delta, reset or done", e.Type)
+		return LiveDelta{}, fmt.Errorf("nats: live delta has unknown type %q: want delta, reset or done", e.Type)
 	}
 	if e.RunID == "" || e.Seq < 1 {
-		return LiveEvent{}, fmt.Errorf("nats: live event lacks run_id or a positive seq: %s", data)
+		return LiveDelta{}, fmt.Errorf("nats: live delta lacks run_id or a positive seq: %s", data)
 	}
 	return e, nil
 }
 
-// LiveText folds events of one run, in sequence order, into the text they
+// LiveText folds the deltas of one run, in sequence order, into the text they
 // show.
-func LiveText(events []LiveEvent) string {
+func LiveText(events []LiveDelta) string {
 	var b strings.Builder
 	for _, e := range events {
 		switch e.Type {
-		case LiveDelta:
+		case DeltaText:
 			b.WriteString(e.Text)
-		case LiveReset:
+		case DeltaReset:
 			b.Reset()
 			b.WriteString(e.Text)
 		}

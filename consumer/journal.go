@@ -1,0 +1,97 @@
+package consumer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// IdempotencyKey of a tool call: stable for one call of one run, different
+// for any other, so the system a write tool changes can refuse a repeat.
+func IdempotencyKey(runID, toolCallID string) string {
+	sum := sha256.Sum256([]byte(runID + "\x00" + toolCallID))
+	return "op_" + hex.EncodeToString(sum[:16])
+}
+
+// Tools is a set of tools by name.
+type Tools map[string]Tool
+
+// Register adds tools, replacing any of the same name.
+func (ts Tools) Register(tools ...Tool) Tools {
+	for _, t := range tools {
+		ts[t.Name()] = t
+	}
+	return ts
+}
+
+// journal is the ToolExecutor of one run: every call is an operations row,
+// started (in a transaction fenced by the run's lease,
+// schema.StartOperationTx) before the tool runs and completed or failed
+// after, so recovery knows whether an interrupted attempt may have had a
+// side effect.
+type journal struct {
+	pool           *pgxpool.Pool
+	tools          Tools
+	conversationID string
+	runID          string
+	crash          *crasher
+	metrics        *metrics
+}
+
+func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
+	tool, ok := j.tools[call.Tool]
+	if !ok {
+		return "", fmt.Errorf("%w %q", ErrUnknownTool, call.Tool)
+	}
+	args := call.Arguments
+	if len(args) == 0 {
+		args = json.RawMessage(`{}`)
+	}
+	inv := Invocation{
+		IdempotencyKey: IdempotencyKey(j.runID, call.ID),
+		ConversationID: j.conversationID,
+		RunID:          j.runID,
+		Arguments:      args,
+	}
+	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		var err error
+		inv.OperationID, err = schema.StartOperationTx(ctx, tx, schema.Operation{
+			RunID:          j.runID,
+			ConversationID: j.conversationID,
+			ToolCallID:     call.ID,
+			Tool:           tool.Name(),
+			ToolVersion:    tool.Version(),
+			Effect:         tool.Effect(),
+			IdempotencyKey: inv.IdempotencyKey,
+			Arguments:      string(inv.Arguments),
+		})
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
+	}
+	result, callErr := tool.Call(ctx, inv)
+	// The outcome is journaled even when the turn's context ended: a
+	// completed write must show as completed to recovery.
+	finishCtx := context.WithoutCancel(ctx)
+	if callErr != nil {
+		if err := schema.FailOperation(finishCtx, j.pool, inv.OperationID, callErr.Error()); err != nil {
+			return "", err
+		}
+		j.metrics.operations.WithLabelValues(call.Tool, "failed").Inc()
+		return "", callErr
+	}
+	if err := schema.CompleteOperation(finishCtx, j.pool, inv.OperationID, result); err != nil {
+		return "", err
+	}
+	j.metrics.operations.WithLabelValues(call.Tool, "completed").Inc()
+	j.crash.at(CrashAfterTool)
+	return result, nil
+}

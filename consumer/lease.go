@@ -1,0 +1,62 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// renewLease renews the lease and keeps the triggers from redelivery while
+// the turn runs. When the lease cannot be renewed before it expires, or
+// the conversation is gone, it ends the turn's context with the reason. The
+// returned function stops it and waits for it.
+func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		until := claim.LeaseExpiresAt
+		tick := time.NewTicker(w.progressInterval())
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			w.progress(mb, batch)
+			renewed, err := schema.RenewLease(ctx, w.cfg.Pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
+			switch {
+			case err == nil:
+				until = renewed
+			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
+				cancel(err)
+				return
+			case ctx.Err() != nil:
+				return
+			default:
+				log.Warn().Err(err).Time("lease_expires_at", until).Msg("renew lease")
+				// Keep trying while the lease holds; past it another
+				// worker may own the conversation, so the turn must stop.
+				if time.Now().Add(w.progressInterval()).After(until) {
+					cancel(schema.ErrLeaseLost)
+					return
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(stop) })
+		wg.Wait()
+	}
+}

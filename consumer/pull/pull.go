@@ -1,0 +1,329 @@
+// Package pull is the fetch loop of a durable JetStream pull consumer, the
+// one loop that the turn runner and every consumer group run: it provisions
+// the durable, hands each fetched message to its owner, rejoins a durable
+// that disappeared (deleted, or lost with a stream recreated empty), and on
+// shutdown hands what it fetched back to the group at once instead of
+// leaving it to the ack wait.
+package pull
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// Defaults of a Loop.
+const (
+	// DefaultMaxMessages is how many messages one pull asks for.
+	DefaultMaxMessages = 64
+	// DefaultCheckInterval is how often the loop checks that its durable
+	// still exists.
+	DefaultCheckInterval = 15 * time.Second
+	// DefaultRetryDelay is the pause after a failed fetch: a broker that
+	// is away answers at once, and the loop must not spin.
+	DefaultRetryDelay = 100 * time.Millisecond
+)
+
+// checkTimeout bounds one look at the durable.
+const checkTimeout = 5 * time.Second
+
+// Config configures a Loop.
+type Config struct {
+	// JetStream is the NATS JetStream context. Required.
+	JetStream jetstream.JetStream
+	// Stream is the stream the durable consumes. Defaults to
+	// nats.StreamConfig's defaults.
+	Stream batonnats.StreamConfig
+	// Consumer is the durable consumer: created or updated at start, and
+	// created again whenever the loop finds it gone. Defaults to
+	// nats.ConsumerConfig's defaults.
+	Consumer batonnats.ConsumerConfig
+	// MaxMessages is how many messages one pull asks for, which bounds
+	// what this process holds before it hands messages out. Defaults to
+	// 64.
+	MaxMessages int
+	// CheckInterval is how often the loop checks that the durable still
+	// exists. A stream lost with all its data comes back empty, recreated
+	// by the relay, without the durable: the client then waits forever on
+	// a consumer that no longer exists. The loop also checks at once when
+	// its subscription ends by itself. Defaults to 15s.
+	CheckInterval time.Duration
+	// RetryDelay is the pause after a failed fetch. Defaults to 100ms.
+	RetryDelay time.Duration
+	// Logger receives the loop's logs. Defaults to no logging.
+	Logger *zerolog.Logger
+	// OnRejoin, when set, is called after the loop created its durable
+	// again and subscribed to it. Defaults to none.
+	OnRejoin func()
+}
+
+// WithDefaults returns a copy with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Stream = c.Stream.WithDefaults()
+	c.Consumer = c.Consumer.WithDefaults()
+	if c.MaxMessages == 0 {
+		c.MaxMessages = DefaultMaxMessages
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = DefaultCheckInterval
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = DefaultRetryDelay
+	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
+	}
+	return c
+}
+
+// Loop fetches the messages of one durable consumer.
+type Loop struct {
+	cfg Config
+	log zerolog.Logger
+}
+
+// New returns a loop; Run starts it.
+func New(cfg Config) (*Loop, error) {
+	if cfg.JetStream == nil {
+		return nil, errors.New("pull: Config.JetStream is nil: give a JetStream context")
+	}
+	cfg = cfg.WithDefaults()
+	switch {
+	case cfg.MaxMessages < 1:
+		return nil, fmt.Errorf("pull: Config.MaxMessages %d must be at least 1", cfg.MaxMessages)
+	case cfg.CheckInterval <= 0 || cfg.RetryDelay <= 0:
+		return nil, errors.New("pull: Config.CheckInterval and Config.RetryDelay must be positive")
+	}
+	log := cfg.Logger.With().Str("stream", cfg.Stream.Name).Str("consumer", cfg.Consumer.Name).Logger()
+	return &Loop{cfg: cfg, log: log}, nil
+}
+
+// Run provisions the durable and calls deliver with every fetched message,
+// one after the other on the calling goroutine, until ctx ends. deliver
+// owns the message: it acks, naks or terminates it. After ctx ends no
+// message reaches deliver; those already fetched are handed back to the
+// group at once. Run returns nil after ctx ended; an error when it could
+// not start, or when the NATS connection was closed for good (nothing can
+// arrive any more); and no goroutine is left behind.
+func (l *Loop) Run(ctx context.Context, deliver func(jetstream.Msg)) error {
+	cons, err := l.provision(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while starting: a shutdown, not a failure.
+			return nil
+		}
+		return err
+	}
+	sub := &subscription{}
+	if err := sub.open(cons, l.options()...); err != nil {
+		return fmt.Errorf("consume %s/%s: %w", l.cfg.Stream.Name, l.cfg.Consumer.Name, err)
+	}
+	runCtx := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// check asks the watcher to look at once, when the subscription ended
+	// by itself.
+	check := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		<-ctx.Done()
+		// Drain hands over what was already fetched; the loop below
+		// returns it to the group.
+		sub.drain()
+	})
+	wg.Go(func() { l.watch(ctx, sub, check) })
+
+	var stopErr error
+	failing := false
+	for {
+		iter := sub.current()
+		msg, err := iter.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				// Closed by the shutdown, or by the client library when the
+				// durable was deleted: the watcher then opens another.
+				if ctx.Err() != nil {
+					break
+				}
+				if stopErr = l.closed(); stopErr != nil {
+					break
+				}
+				select {
+				case check <- struct{}{}:
+				default:
+				}
+				if !sub.await(ctx, iter) {
+					break
+				}
+				continue
+			}
+			if stopErr = l.closed(); stopErr != nil {
+				break
+			}
+			if ctx.Err() == nil {
+				if !failing {
+					l.log.Warn().Err(err).Msg("fetch failed; retrying until it works again")
+					failing = true
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(l.cfg.RetryDelay):
+				}
+			}
+			continue
+		}
+		if failing {
+			l.log.Info().Msg("fetching again")
+			failing = false
+		}
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			continue
+		}
+		deliver(msg)
+	}
+	sub.stop()
+	cancel()
+	wg.Wait()
+	if runCtx.Err() != nil {
+		return nil
+	}
+	return stopErr
+}
+
+// closed returns an error when the NATS connection is closed for good:
+// nothing can arrive any more.
+func (l *Loop) closed() error {
+	if nc := l.cfg.JetStream.Conn(); nc != nil && nc.IsClosed() {
+		return fmt.Errorf("%s/%s stopped receiving events: the NATS connection is closed for good; start the process again", l.cfg.Stream.Name, l.cfg.Consumer.Name)
+	}
+	return nil
+}
+
+func (l *Loop) provision(ctx context.Context) (jetstream.Consumer, error) {
+	return batonnats.EnsureConsumer(ctx, l.cfg.JetStream, l.cfg.Stream, l.cfg.Consumer)
+}
+
+func (l *Loop) options() []jetstream.PullMessagesOpt {
+	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(l.cfg.MaxMessages)}
+}
+
+// watch checks every CheckInterval, and whenever asked, that the durable
+// still exists, and creates it again with a new subscription when it does
+// not. Each rejoin is logged once, and so is a durable that cannot be
+// created yet (its stream not back): the next look tries again.
+func (l *Loop) watch(ctx context.Context, sub *subscription, check <-chan struct{}) {
+	t := time.NewTicker(l.cfg.CheckInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-check:
+		}
+		checkCtx, cancel := context.WithTimeout(ctx, checkTimeout)
+		_, err := l.cfg.JetStream.Consumer(checkCtx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			var cons jetstream.Consumer
+			cons, err = l.provision(checkCtx)
+			if err == nil {
+				err = sub.open(cons, l.options()...)
+			}
+			switch {
+			case err == nil:
+				failing = false
+				l.log.Warn().Msg("durable consumer was gone; created it again and rejoined")
+				if l.cfg.OnRejoin != nil {
+					l.cfg.OnRejoin()
+				}
+			case ctx.Err() == nil && !failing:
+				failing = true
+				l.log.Warn().Err(err).Dur("retry_every", l.cfg.CheckInterval).Msg("durable consumer is gone and cannot be created yet")
+			}
+		}
+		cancel()
+	}
+}
+
+// subscription is the loop's message iterator, which watch replaces when
+// the durable had to be created again.
+type subscription struct {
+	mu   sync.Mutex
+	iter jetstream.MessagesContext
+	// changed is closed when iter is replaced.
+	changed chan struct{}
+	// drained is set once shutdown drained the iterator: no replacement
+	// after that.
+	drained bool
+}
+
+func (s *subscription) open(cons jetstream.Consumer, opts ...jetstream.PullMessagesOpt) error {
+	it, err := cons.Messages(opts...)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.drained {
+		it.Stop()
+		return nil
+	}
+	old := s.iter
+	s.iter = it
+	if s.changed != nil {
+		close(s.changed)
+	}
+	s.changed = make(chan struct{})
+	if old != nil {
+		// The fetch loop sees the old iterator closed and, finding it
+		// replaced, goes on with the new one.
+		old.Stop()
+	}
+	return nil
+}
+
+func (s *subscription) current() jetstream.MessagesContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.iter
+}
+
+// await waits until an iterator other than it is open, and reports false
+// when ctx ends first.
+func (s *subscription) await(ctx context.Context, it jetstream.MessagesContext) bool {
+	s.mu.Lock()
+	current, changed := s.iter, s.changed
+	s.mu.Unlock()
+	if current != it {
+		return true
+	}
+	select {
+	case <-changed:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *subscription) drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drained = true
+	s.iter.Drain()
+}
+
+func (s *subscription) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.iter.Stop()
+}

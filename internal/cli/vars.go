@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/consumer/group"
+	"github.com/batonhq/baton/internal/config"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
+)
+
+// vars are the kong variables behind ${...} in flag tags: the libraries'
+// own default constants, so that a default shown in --help or used by a
+// flag is the library's and cannot drift from it.
+func vars() map[string]string {
+	return map[string]string{
+		"nats_url":            batonnats.DefaultURL,
+		"stream":              batonnats.DefaultStream,
+		"subject_prefix":      batonnats.DefaultSubjectPrefix,
+		"replicas":            fmt.Sprint(batonnats.DefaultReplicas),
+		"max_age":             batonnats.DefaultMaxAge.String(),
+		"duplicate_window":    batonnats.DefaultDuplicateWindow.String(),
+		"partitions":          fmt.Sprint(batonnats.DefaultPartitions),
+		"consumer":            batonnats.DefaultConsumer,
+		"max_deliver":         fmt.Sprint(batonnats.DefaultMaxDeliver),
+		"slot":                relay.DefaultSlot,
+		"publication":         relay.DefaultPublication,
+		"max_in_flight":       fmt.Sprint(relay.DefaultMaxInFlight),
+		"status_interval":     relay.DefaultStatusInterval.String(),
+		"heartbeat":           relay.DefaultHeartbeatInterval.String(),
+		"sweep_interval":      relay.DefaultSweepInterval.String(),
+		"sweep_age":           relay.DefaultSweepAge.String(),
+		"ack_timeout":         relay.DefaultAckTimeout.String(),
+		"debounce":            consumer.DefaultDebounce.String(),
+		"max_attempts":        fmt.Sprint(consumer.DefaultMaxAttempts),
+		"lease":               consumer.DefaultLease.String(),
+		"concurrency":         fmt.Sprint(consumer.DefaultConcurrency),
+		"group_lanes":         fmt.Sprint(group.DefaultLanes),
+		"group_max_attempts":  fmt.Sprint(group.DefaultMaxAttempts),
+		"group_retry_min":     group.DefaultRetryMin.String(),
+		"group_retry_max":     group.DefaultRetryMax.String(),
+		"group_ack_wait":      group.DefaultAckWait.String(),
+		"webhook_timeout":     group.DefaultWebhookTimeout.String(),
+		"model_base_url":      agent.DefaultBaseURL,
+		"model_timeout":       agent.DefaultRequestTimeout.String(),
+		"max_model_calls":     fmt.Sprint(agent.DefaultMaxModelCalls),
+		"max_tool_iterations": fmt.Sprint(agent.DefaultMaxToolIterations),
+		"http_addr":           config.DefaultHTTPAddr,
+	}
+}

@@ -1,0 +1,188 @@
+// Package outboxtest gives the tests of what consumes the outbox stream
+// (the turn runner, consumer groups, replay) the same start: a fresh
+// migrated database, a NATS server with the outbox stream, a user, and a
+// real relay streaming from its own slot.
+package outboxtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/relay"
+	"github.com/batonhq/baton/schema"
+)
+
+var slotCounter atomic.Int64
+
+// Bundle is one test's Postgres, NATS, relay and user.
+type Bundle struct {
+	T      testing.TB
+	DB     *testenv.DB
+	NATS   *testenv.NATS
+	NC     *natsclient.Conn
+	JS     jetstream.JetStream
+	Stream batonnats.StreamConfig
+	// Owner is the user that owns the conversations the bundle creates.
+	Owner int64
+}
+
+// Setup starts a database, a NATS server with the outbox stream (four
+// partitions) and a real relay for t, all stopped when t ends.
+func Setup(t testing.TB) *Bundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &Bundle{T: t, DB: testenv.Database(t), NATS: testenv.StartNATS(t)}
+	var err error
+	b.NC, err = natsclient.Connect(b.NATS.URL, natsclient.MaxReconnects(-1), natsclient.ReconnectBufSize(-1))
+	require.NoError(t, err)
+	t.Cleanup(b.NC.Close)
+	b.JS, err = jetstream.New(b.NC)
+	require.NoError(t, err)
+	b.Stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
+	_, err = batonnats.EnsureStream(ctx, b.JS, b.Stream)
+	require.NoError(t, err)
+	_, u, err := schema.CreateToken(ctx, b.DB.Pool, "tester")
+	require.NoError(t, err)
+	b.Owner = u.ID
+
+	r, err := relay.New(relay.Config{
+		Stream:        b.Stream,
+		Slot:          fmt.Sprintf("outboxtest_%d_%d", os.Getpid(), slotCounter.Add(1)),
+		SweepInterval: time.Hour,
+		SweepAge:      time.Hour,
+	}, b.DB.Pool, b.NC, zerolog.Nop())
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return b
+}
+
+// Conversation creates a conversation of the bundle's user.
+func (b *Bundle) Conversation(id string) {
+	b.T.Helper()
+	_, _, err := schema.CreateConversation(context.Background(), b.DB.Pool, b.Owner, id, "")
+	require.NoError(b.T, err)
+}
+
+// Send commits one user message and its outbox row, and returns the row.
+func (b *Bundle) Send(conversationID, messageID, content string) int64 {
+	b.T.Helper()
+	var res schema.InsertResult
+	err := pgx.BeginFunc(context.Background(), b.DB.Pool, func(tx pgx.Tx) error {
+		// The test cluster turns synchronous_commit off for speed, which
+		// holds a commit back from logical decoding until the WAL writer
+		// flushes it (up to 200 ms); a production producer commits
+		// synchronously.
+		if _, err := tx.Exec(context.Background(), `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
+		var err error
+		res, err = schema.InsertMessageTx(context.Background(), tx, schema.UserMessage{ConversationID: conversationID, MessageID: messageID, Content: content})
+		return err
+	})
+	require.NoError(b.T, err)
+	return res.OutboxID
+}
+
+// SendMany commits n user messages spread over conversations named
+// "<prefix>.<i>", in transactions of up to 250, and returns their outbox
+// rows.
+func (b *Bundle) SendMany(n, conversations int, prefix string) []int64 {
+	b.T.Helper()
+	ctx := context.Background()
+	for c := range conversations {
+		b.Conversation(fmt.Sprintf("%s.%d", prefix, c))
+	}
+	ids := make([]int64, 0, n)
+	for lo := 0; lo < n; lo += 250 {
+		err := pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+				return err
+			}
+			for i := lo; i < min(lo+250, n); i++ {
+				res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{
+					ConversationID: fmt.Sprintf("%s.%d", prefix, i%conversations),
+					MessageID:      fmt.Sprintf("%s-m%d", prefix, i),
+					Content:        "hello",
+				})
+				if err != nil {
+					return err
+				}
+				ids = append(ids, res.OutboxID)
+			}
+			return nil
+		})
+		require.NoError(b.T, err)
+	}
+	return ids
+}
+
+// Count runs a count query.
+func (b *Bundle) Count(query string, args ...any) int {
+	b.T.Helper()
+	var n int
+	require.NoError(b.T, b.DB.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
+	return n
+}
+
+// Eventually polls external state (database rows, stream and consumer
+// counts, slot positions) every 10ms until cond holds, and fails the test
+// after timeout. Where a hook can signal the change, wait on it instead
+// (testenv.WaitFor).
+func (b *Bundle) Eventually(timeout time.Duration, cond func() bool, format string, args ...any) {
+	b.T.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.T.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// RelayStreaming waits until the relay holds its slot, so that every row
+// committed afterwards is announced once, by its insert (a row committed
+// while the relay creates its slot may be announced by the relay's catch-up
+// sweep too: two events for one row), and until it has provisioned the
+// stream.
+func (b *Bundle) RelayStreaming() {
+	b.T.Helper()
+	b.Eventually(30*time.Second, func() bool {
+		// A slot being created is active too, held by a plain backend;
+		// a streaming one is held by a WAL sender.
+		return b.Count(`
+			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+			WHERE s.database = current_database()`) == 1
+	}, "the relay streams from its slot")
+}
+
+// ConsumerSettled waits until the durable consumer has nothing pending
+// (undelivered) or unacknowledged, and no redelivery under way.
+func (b *Bundle) ConsumerSettled(name string, timeout time.Duration) {
+	b.T.Helper()
+	b.Eventually(timeout, func() bool {
+		c, err := b.JS.Consumer(context.Background(), b.Stream.Name, name)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(context.Background())
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.NumRedelivered == 0
+	}, "consumer %s has every event acked", name)
+}

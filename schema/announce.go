@@ -1,0 +1,158 @@
+package schema
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// Prefixes of the logical decoding messages that the relay reads from the
+// slot beside the outbox inserts.
+const (
+	// AnnouncePrefix marks a transactional "announce these outbox rows
+	// again" message, emitted by recovery, the sweeper and a user's retry
+	// in the same transaction that changes the rows: no dual write.
+	AnnouncePrefix = "baton.announce"
+	// HeartbeatPrefix marks the relay's own non-transactional heartbeat,
+	// which lets the slot advance while the outbox is idle and other tables
+	// are busy.
+	HeartbeatPrefix = "baton.heartbeat"
+)
+
+// Announcement is the payload of an AnnouncePrefix message.
+type Announcement struct {
+	Reason   batonnats.Reason    `json:"reason"`
+	Triggers []batonnats.Trigger `json:"triggers"`
+}
+
+// ParseAnnouncement decodes an AnnouncePrefix payload.
+func ParseAnnouncement(payload []byte) (Announcement, error) {
+	var a Announcement
+	if err := json.Unmarshal(payload, &a); err != nil {
+		return Announcement{}, fmt.Errorf("announcement payload: %w", err)
+	}
+	return a, nil
+}
+
+// AnnounceTx announces the given outbox rows again, inside the caller's
+// transaction: the relay publishes one trigger per row once (and only if)
+// the transaction commits. Each announcement gets a label of its own for
+// JetStream's duplicate window (the row's attempts for a retry, the time
+// for a sweep or a user's retry), so a relay's republication never doubles
+// an announcement and a new one is never swallowed.
+func AnnounceTx(ctx context.Context, tx Executor, reason batonnats.Reason, outboxIDs []int64) error {
+	if len(outboxIDs) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT id, conversation_id, message_id, created_at, attempts
+		FROM agent_outbox WHERE id = ANY($1) ORDER BY id`, outboxIDs)
+	if err != nil {
+		return fmt.Errorf("announce: load outbox rows: %w", err)
+	}
+	defer rows.Close()
+	a := Announcement{Reason: reason}
+	now := time.Now().UnixNano()
+	for rows.Next() {
+		var t batonnats.Trigger
+		var attempts int
+		if err := rows.Scan(&t.OutboxID, &t.ConversationID, &t.MessageID, &t.CreatedAt, &attempts); err != nil {
+			return err
+		}
+		t.Reason = reason
+		t.Announcement = announcementLabel(reason, attempts, now)
+		a.Triggers = append(a.Triggers, t)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(a.Triggers) == 0 {
+		return nil
+	}
+	payload, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, $2::bytea)`, AnnouncePrefix, payload); err != nil {
+		return fmt.Errorf("announce: emit logical message: %w", err)
+	}
+	return nil
+}
+
+// announcementLabel tells announcements of one row apart.
+func announcementLabel(reason batonnats.Reason, attempts int, now int64) string {
+	switch reason {
+	case batonnats.ReasonRetry:
+		return "a" + strconv.Itoa(attempts)
+	case batonnats.ReasonSweep:
+		return "s" + strconv.FormatInt(now, 10)
+	case batonnats.ReasonUserRetry:
+		return "u" + strconv.FormatInt(now, 10)
+	}
+	return ""
+}
+
+// AnnounceStaleTx marks up to limit pending rows that were neither claimed
+// nor announced within age as announced now, announces them in tx, and
+// returns their IDs. SKIP LOCKED lets several relays sweep side by side;
+// the partial index agent_outbox_sweep keeps it to the pending rows.
+func AnnounceStaleTx(ctx context.Context, tx Executor, age time.Duration, limit int) ([]int64, error) {
+	return announceMarked(ctx, tx, `
+		WITH due AS (
+			SELECT id FROM agent_outbox
+			WHERE status = 'pending'
+			  AND coalesce(announced_at, created_at) < now() - make_interval(secs => $1)
+			ORDER BY coalesce(announced_at, created_at)
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED)
+		UPDATE agent_outbox o SET announced_at = now()
+		FROM due WHERE o.id = due.id
+		RETURNING o.id`, age.Seconds(), limit)
+}
+
+// AnnouncePendingTx marks up to limit pending rows with IDs above afterID
+// as announced now, in ID order, announces them in tx, and returns their
+// IDs: a relay that created its slot calls it until it returns fewer than
+// limit, to cover the rows committed before the slot existed.
+func AnnouncePendingTx(ctx context.Context, tx Executor, afterID int64, limit int) ([]int64, error) {
+	return announceMarked(ctx, tx, `
+		WITH due AS (
+			SELECT id FROM agent_outbox
+			WHERE status = 'pending' AND id > $1
+			ORDER BY id LIMIT $2
+			FOR UPDATE SKIP LOCKED)
+		UPDATE agent_outbox o SET announced_at = now()
+		FROM due WHERE o.id = due.id
+		RETURNING o.id`, afterID, limit)
+}
+
+// announceMarked runs a query that marks rows announced and returns their
+// IDs, and announces them as a sweep in the same transaction: the
+// announcement exists exactly when the mark does.
+func announceMarked(ctx context.Context, tx Executor, query string, args ...any) ([]int64, error) {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	if err := AnnounceTx(ctx, tx, batonnats.ReasonSweep, ids); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// EmitHeartbeat writes a non-transactional heartbeat message into the WAL.
+func EmitHeartbeat(ctx context.Context, db Executor, at time.Time) error {
+	_, err := db.Exec(ctx, `SELECT pg_logical_emit_message(false, $1::text, $2::text)`,
+		HeartbeatPrefix, at.UTC().Format(time.RFC3339Nano))
+	return err
+}

@@ -1,0 +1,94 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Effect says whether an operation changes the world. Recovery depends on
+// it: an interrupted attempt that started a write is never re-run silently.
+type Effect string
+
+const (
+	EffectRead  Effect = "read"
+	EffectWrite Effect = "write"
+)
+
+// Operation is one tool call of a run, as the operations journal starts it.
+type Operation struct {
+	RunID          string
+	ConversationID string
+	// ToolCallID is unique within the run (a model's tool call ID).
+	ToolCallID     string
+	Tool           string
+	ToolVersion    string
+	Effect         Effect
+	IdempotencyKey string
+	// Arguments is the call's JSON arguments.
+	Arguments string
+}
+
+// ErrDuplicateToolCall is returned when a run starts a second operation
+// with the tool call ID of an earlier one.
+var ErrDuplicateToolCall = errors.New("tool call id used twice in one run")
+
+// StartOperationTx journals op as started, only while its run owns the
+// conversation, and returns the operation's ID. The share lock on the
+// conversation row orders it against a recovery (which locks the row for
+// update): either recovery sees this started operation, or the run sees
+// that it lost the lease (ErrLeaseLost, or ErrConversationDeleted) and
+// runs nothing.
+func StartOperationTx(ctx context.Context, tx Executor, op Operation) (int64, error) {
+	var owned bool
+	err := tx.QueryRow(ctx, `SELECT true FROM conversations WHERE id = $1 AND run_id = $2 FOR SHARE`, op.ConversationID, op.RunID).Scan(&owned)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ownershipError(ctx, tx, op.ConversationID)
+	}
+	if err != nil {
+		return 0, err
+	}
+	var id int64
+	err = tx.QueryRow(ctx, `
+		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key, arguments)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		RETURNING id`,
+		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey, op.Arguments).Scan(&id)
+	if IsUniqueViolation(err) {
+		return 0, fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
+	}
+	return id, err
+}
+
+// CompleteOperation journals a started operation as completed with its
+// result.
+func CompleteOperation(ctx context.Context, db Executor, id int64, result string) error {
+	if _, err := db.Exec(ctx, `
+		UPDATE operations SET status = 'completed', result = $2, finished_at = now() WHERE id = $1`, id, result); err != nil {
+		return fmt.Errorf("journal completed operation %d: %w", id, err)
+	}
+	return nil
+}
+
+// FailOperation journals a started operation as failed with its error.
+func FailOperation(ctx context.Context, db Executor, id int64, cause string) error {
+	if _, err := db.Exec(ctx, `
+		UPDATE operations SET status = 'failed', error = $2, finished_at = now() WHERE id = $1`, id, cause); err != nil {
+		return fmt.Errorf("journal failed operation %d: %w", id, err)
+	}
+	return nil
+}
+
+// RecordSideEffect appends one row to tool_side_effects: the side effect of
+// the echo agent's notify tool, kept so that a repeated side effect is
+// countable in tests and the kill test.
+func RecordSideEffect(ctx context.Context, db Executor, operationID int64, idempotencyKey, conversationID, payload string) error {
+	if _, err := db.Exec(ctx, `
+		INSERT INTO tool_side_effects (operation_id, idempotency_key, conversation_id, payload)
+		VALUES ($1, $2, $3, $4)`, operationID, idempotencyKey, conversationID, payload); err != nil {
+		return fmt.Errorf("record side effect: %w", err)
+	}
+	return nil
+}
