@@ -2,6 +2,9 @@
 // machine's server binaries. `baton dev` keeps one under ./.baton, and the
 // tests start throwaway ones; both need logical replication turned on, which
 // is why the cluster is configured here and not left to a system service.
+// Failover and deployment tests also get streaming standbys (synchronous or
+// not, with a WAL receiver they can pause), promotion, a hard kill,
+// multi-host URLs, TLS and their own pg_hba.conf lines.
 package pgcluster
 
 import (
@@ -62,16 +65,35 @@ func majorOf(initdbPath string) int {
 // Options configure a cluster.
 type Options struct {
 	// Dir is the data directory. It is created by Init when missing.
+	// Required: New refuses an empty Dir.
 	Dir string
-	// Port is the TCP port on 127.0.0.1. Zero picks a free one.
+	// Port is the TCP port on 127.0.0.1. Defaults to a free port picked at
+	// the first Start.
 	Port int
-	// Durable keeps fsync on. Tests turn it off for speed; `baton dev`
-	// keeps it on so that data survives a machine crash too.
+	// Durable keeps fsync, synchronous_commit and full_page_writes on.
+	// Tests turn them off for speed; `baton dev` keeps them on so that data
+	// survives a machine crash too. Defaults to false.
 	Durable bool
-	// Settings are extra `-c name=value` server settings.
+	// Settings are extra `-c name=value` server settings. They win over
+	// everything else, ALTER SYSTEM included. Defaults to none.
 	Settings map[string]string
 	// LogFile receives the server's log. Defaults to <Dir>/postgres.log.
 	LogFile string
+	// TLS turns ssl on, with a server certificate for 127.0.0.1, ::1 and
+	// localhost signed by a certificate authority made for this cluster
+	// (see CAFile). The files are made at the first Start and kept in the
+	// data directory, so the CA survives restarts and is copied to
+	// standbys. Defaults to false: the server refuses TLS.
+	TLS bool
+	// HBA replaces pg_hba.conf at every Start with these lines, after two
+	// that let the superuser postgres in from 127.0.0.1 without TLS and
+	// without a password, for normal and replication connections (the
+	// harness, standbys and URL connect that way). A connection that
+	// matches no line is refused. For example
+	// "hostssl all all 127.0.0.1/32 scram-sha-256" admits every role that
+	// has a password, over TLS only. Defaults to nil: initdb's file, which
+	// trusts every connection from this machine.
+	HBA []string
 }
 
 // Cluster is one PostgreSQL server process over one data directory.
@@ -83,6 +105,16 @@ type Cluster struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// name is a standby's application_name on its primary; empty on a
+	// cluster that was never a standby.
+	name string
+	// standbys are the standbys made from this cluster, whose paused WAL
+	// receivers Stop resumes.
+	standbys []*Cluster
+	// syncNames are the standbys this primary's commits wait for.
+	syncNames []string
+	// pausedPID is the WAL receiver stopped by PauseWALReceiver.
+	pausedPID int
 }
 
 // New prepares a cluster; nothing runs until Start.
@@ -221,10 +253,14 @@ func (c *Cluster) Start(ctx context.Context) error {
 		"log_line_prefix":           "%m [%p] ",
 		"logical_decoding_work_mem": "64MB",
 	}
-	if !c.opts.Durable {
-		settings["fsync"] = "off"
-		settings["synchronous_commit"] = "off"
-		settings["full_page_writes"] = "off"
+	if err := c.writeConfig(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	if c.opts.TLS {
+		settings["ssl"] = "on"
+		settings["ssl_cert_file"] = serverCertFile
+		settings["ssl_key_file"] = serverKeyFile
 	}
 	for k, v := range c.opts.Settings {
 		settings[k] = v
@@ -283,7 +319,7 @@ func (c *Cluster) waitReady(ctx context.Context, done chan struct{}) error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("postgres exited during start-up; its log is %s:\n%s", c.opts.LogFile, tail(c.opts.LogFile, 20))
+			return fmt.Errorf("postgres exited during start-up; %s", c.logTail())
 		case <-ctx.Done():
 			return fmt.Errorf("postgres did not accept connections on port %d: %w (log: %s)", c.opts.Port, err, c.opts.LogFile)
 		case <-time.After(backoff):
@@ -292,6 +328,63 @@ func (c *Cluster) waitReady(ctx context.Context, done chan struct{}) error {
 			backoff *= 2
 		}
 	}
+}
+
+// waitTimeout bounds every wait for the server to reach a state.
+const waitTimeout = 60 * time.Second
+
+// waitUntil polls cond until it holds, returning an error when c's server
+// exits first (with its log tail) or timeout passes (with cond's last
+// error).
+func (c *Cluster) waitUntil(ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c.mu.Lock()
+	done, running := c.done, c.cmd != nil
+	c.mu.Unlock()
+	if !running {
+		return fmt.Errorf("%s: postgres on port %d is not running; %s", what, c.opts.Port, c.logTail())
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		ok, err := cond(ctx)
+		if ok && err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("%s: postgres on port %d exited; %s", what, c.opts.Port, c.logTail())
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("%s: not done within %s (%w): %w", what, timeout, ctx.Err(), err)
+			}
+			return fmt.Errorf("%s: not done within %s: %w", what, timeout, ctx.Err())
+		case <-time.After(backoff):
+		}
+		if backoff < 100*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+// withConn runs f on a new connection to the "postgres" database as the
+// superuser.
+func (c *Cluster) withConn(ctx context.Context, f func(conn *pgx.Conn) error) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		if !c.Running() {
+			return fmt.Errorf("connect to postgres on port %d: %w; the server is not running, %s", c.opts.Port, err, c.logTail())
+		}
+		return fmt.Errorf("connect to postgres on port %d: %w", c.opts.Port, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return f(conn)
+}
+
+// logTail returns the last lines of the server's log, for errors about a
+// server that failed or died.
+func (c *Cluster) logTail() string {
+	return fmt.Sprintf("its log %s ends:\n%s", c.opts.LogFile, tail(c.opts.LogFile, 20))
 }
 
 func tail(path string, n int) string {
@@ -316,12 +409,16 @@ const (
 	// Immediate quits without a shutdown checkpoint, like a crash: the next
 	// start runs recovery (SIGQUIT).
 	Immediate
-	// Kill sends SIGKILL to the postmaster.
+	// Kill sends SIGKILL to the postmaster and every process below it at
+	// once, like a machine that loses power: no backend outlives the
+	// postmaster to finish a write or answer a client, and nothing restarts
+	// the server until Start.
 	Kill
 )
 
-// Stop shuts the server down in the given mode and waits for it to exit.
-// It returns an error when the server did not exit on its own within 30
+// Stop shuts the server down in the given mode and waits for it to exit,
+// after resuming any paused WAL receiver of c or of its standbys. It
+// returns an error when the server did not exit on its own within 30
 // seconds (it is then stopped the hard way).
 func (c *Cluster) Stop(mode StopMode) error {
 	c.mu.Lock()
@@ -330,6 +427,10 @@ func (c *Cluster) Stop(mode StopMode) error {
 	if cmd == nil {
 		return nil
 	}
+	// A stopped WAL receiver handles no shutdown signal, and a primary's
+	// shutdown waits for its standbys to receive the end of WAL: resume
+	// every paused one, or the shutdown waits for the timeout below.
+	c.resumeAll()
 	sig := syscall.SIGINT
 	switch mode {
 	case Immediate:
@@ -337,7 +438,12 @@ func (c *Cluster) Stop(mode StopMode) error {
 	case Kill:
 		sig = syscall.SIGKILL
 	}
-	_ = cmd.Process.Signal(sig)
+	var killed []int
+	if mode == Kill {
+		killed = killServer(cmd.Process.Pid)
+	} else {
+		_ = cmd.Process.Signal(sig)
+	}
 	var stuck error
 	select {
 	case <-done:
@@ -350,14 +456,14 @@ func (c *Cluster) Stop(mode StopMode) error {
 		select {
 		case <-done:
 		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			killed = killServer(cmd.Process.Pid)
 			<-done
 		}
 	}
-	if mode == Kill {
-		// Backends of a killed postmaster exit on their own once they notice;
-		// make sure none holds the port or the shared memory.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	// A child still exiting would keep the shared memory that the next
+	// Start checks.
+	if err := waitGone(killed, 10*time.Second); err != nil && stuck == nil {
+		stuck = err
 	}
 	return stuck
 }
