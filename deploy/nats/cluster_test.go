@@ -107,9 +107,9 @@ func startCluster(t *testing.T, confDir string) *cluster {
 	return c
 }
 
-// waitForMetaLeader waits until one node leads JetStream's meta group and
-// every node follows it, the point from which a stream with three replicas
-// can be placed. The server offers no notification of this, so it is
+// waitForMetaLeader waits until one node leads JetStream's meta group,
+// every node follows it and the leader knows every node's state: the point
+// from which a stream with three replicas can be placed. The server offers no notification of this, so it is
 // polled, with a deadline.
 func (c *cluster) waitForMetaLeader(t *testing.T) {
 	t.Helper()
@@ -117,20 +117,23 @@ func (c *cluster) waitForMetaLeader(t *testing.T) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		leader, current := 0, 0
+		leader, current, peers := 0, 0, 0
 		for _, s := range c.servers {
 			if s.JetStreamIsLeader() {
 				leader++
+				// Peers whose state the leader has heard: a stream's
+				// replicas can be placed on these only.
+				peers = len(s.JetStreamClusterPeers())
 			}
 			if s.JetStreamIsCurrent() && s.NumRoutes() >= len(c.servers)-1 {
 				current++
 			}
 		}
-		if leader == 1 && current == len(c.servers) {
+		if leader == 1 && current == len(c.servers) && peers == len(c.servers) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the cluster has no JetStream meta leader that all %d nodes follow after 20s (leaders %d, current %d)", len(c.servers), leader, current)
+			t.Fatalf("the cluster has no JetStream meta leader that all %d nodes follow after 20s (leaders %d, current %d, peers known to the leader %d)", len(c.servers), leader, current, peers)
 		}
 		<-tick.C
 	}

@@ -163,7 +163,9 @@ func checkRelayOwnsTheOutboxStream(ctx context.Context, c *cluster) error {
 		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("outbox-%d", i+1))
 		msg.Data = []byte(fmt.Sprintf(`{"outbox_id":%d}`, i+1))
 		if err := relay.allowed(ctx, "relay publishes a trigger", func(ctx context.Context) error {
-			ack, err := relay.js.PublishMsg(ctx, msg)
+			// As the relay does, retry while the new stream's leader is
+			// not yet known to this client's node (no responders).
+			ack, err := relay.js.PublishMsg(ctx, msg, jetstream.WithRetryAttempts(50), jetstream.WithRetryWait(100*time.Millisecond))
 			if err == nil && ack.Stream != outboxStream.Name {
 				err = fmt.Errorf("stored in %s, want %s", ack.Stream, outboxStream.Name)
 			}
