@@ -11,23 +11,47 @@ import (
 
 type userKey struct{}
 
+// tokenSource says where a route may take its token from.
+type tokenSource int
+
+const (
+	// headerOnly: "Authorization: Bearer <token>" and nothing else. A token
+	// in a URL ends up in proxy logs, browser history and Referer headers.
+	headerOnly tokenSource = iota
+	// headerOrQuery also takes ?access_token=, for EventSource, which
+	// cannot set headers. Only the events route allows it.
+	headerOrQuery
+)
+
 // auth requires "Authorization: Bearer <token>" and puts the user in the
 // request context.
-func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc { return s.authFrom(headerOnly, h) }
+
+// authStream is auth for the events route, which also takes the token
+// from ?access_token=.
+func (s *Server) authStream(h http.HandlerFunc) http.HandlerFunc {
+	return s.authFrom(headerOrQuery, h)
+}
+
+func (s *Server) authFrom(src tokenSource, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		token, ok := bearerToken(r)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="baton"`)
-			writeError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token: send Authorization: Bearer <token> (create one with `baton token create --user NAME`)")
+		token, problem := requestToken(r, src)
+		if problem != "" {
+			unauthorized(w, "", problem)
 			return
 		}
 		u, err := schema.Authenticate(r.Context(), s.pool, token)
-		if errors.Is(err, schema.ErrNotFound) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="baton", error="invalid_token"`)
-			writeError(w, http.StatusUnauthorized, "unauthorized", "the token is not valid or was revoked")
+		switch {
+		case errors.Is(err, schema.ErrNotFound):
+			unauthorized(w, "invalid_token", "the token is not valid: check that it was copied whole, or create one with `baton token create --user NAME`")
 			return
-		}
-		if err != nil {
+		case errors.Is(err, schema.ErrTokenRevoked):
+			unauthorized(w, "invalid_token", "the token was revoked: create a new one with `baton token create --user NAME`")
+			return
+		case errors.Is(err, schema.ErrTokenExpired):
+			unauthorized(w, "invalid_token", "the token expired: create a new one with `baton token create --user NAME`")
+			return
+		case err != nil:
 			s.internalError(w, r, err)
 			return
 		}
@@ -35,19 +59,36 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func bearerToken(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
-	scheme, token, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		// EventSource cannot set headers: the events endpoint and the web
-		// page may pass the token as a query parameter instead.
-		if t := r.URL.Query().Get("access_token"); t != "" {
-			return t, true
-		}
-		return "", false
+// unauthorized answers 401 with a WWW-Authenticate challenge (RFC 6750).
+func unauthorized(w http.ResponseWriter, bearerError, message string) {
+	challenge := `Bearer realm="baton"`
+	if bearerError != "" {
+		challenge += `, error="` + bearerError + `"`
 	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	writeError(w, http.StatusUnauthorized, "unauthorized", message)
+}
+
+// requestToken returns the request's token, or what is wrong with the way
+// it was sent. The messages never repeat the token.
+func requestToken(r *http.Request, src tokenSource) (token, problem string) {
+	query := r.URL.Query().Get("access_token")
+	if query != "" && src == headerOnly {
+		return "", "a token in the URL (?access_token=) is accepted only by GET /v1/conversations/{cid}/events: send it in the Authorization header, as Authorization: Bearer <token>"
+	}
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		if query != "" {
+			return query, ""
+		}
+		return "", "missing bearer token: send Authorization: Bearer <token> (create one with `baton token create --user NAME`)"
+	}
+	scheme, token, ok := strings.Cut(h, " ")
 	token = strings.TrimSpace(token)
-	return token, token != ""
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || strings.ContainsAny(token, " \t") {
+		return "", "the Authorization header must be `Bearer <token>`, with one token"
+	}
+	return token, ""
 }
 
 func userFrom(ctx context.Context) schema.User {

@@ -128,7 +128,7 @@ func (s *Server) routes() {
 	s.handle("GET /v1/conversations/{cid}/messages", s.auth(s.listMessages))
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
-	s.handle("GET /v1/conversations/{cid}/events", s.auth(s.conversationEvents))
+	s.handle("GET /v1/conversations/{cid}/events", s.authStream(s.conversationEvents))
 	// Anything else under /v1 is a JSON 404, not the mux's plain text.
 	s.handle("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path)

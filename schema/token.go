@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -15,10 +16,58 @@ import (
 // tokenPrefix makes Baton tokens recognisable in logs and secret scanners.
 const tokenPrefix = "baton_"
 
-// User owns conversations.
+// publicIDLength is the length of a token's public id, the part of the
+// token text that names it in listings.
+const publicIDLength = 8
+
+// lastUsedResolution is how stale a token's last_used_at may get: a token
+// used all the time costs one write a minute, not one per request.
+const lastUsedResolution = time.Minute
+
+// Errors of a token that exists but no longer lets anyone in. They wrap
+// nothing: the API turns them into 401 with a message that says what to do.
+var (
+	ErrTokenRevoked = errors.New("the token was revoked")
+	ErrTokenExpired = errors.New("the token expired")
+)
+
+// User owns conversations. Authenticate also fills in the token the
+// request came with, so that a long-lived request (an event stream) can
+// check it again (TokenActive) and end when it expires.
 type User struct {
 	ID   int64
 	Name string
+	// TokenID is the id of the token (api_tokens.id) that authenticated
+	// the user; zero when the User did not come from a token.
+	TokenID int64
+	// TokenExpiresAt is when that token stops working; zero when it never
+	// expires.
+	TokenExpiresAt time.Time
+}
+
+// Token is one API token as an operator sees it: never the token text or
+// its hash.
+type Token struct {
+	ID int64
+	// PublicID names the token in listings; the token text starts with
+	// "baton_<PublicID>_". Empty for tokens created before public ids.
+	PublicID   string
+	UserName   string
+	CreatedAt  time.Time
+	ExpiresAt  *time.Time
+	RevokedAt  *time.Time
+	LastUsedAt *time.Time
+}
+
+// State is "active", "revoked" or "expired" at now.
+func (t Token) State(now time.Time) string {
+	switch {
+	case t.RevokedAt != nil:
+		return "revoked"
+	case t.ExpiresAt != nil && !t.ExpiresAt.After(now):
+		return "expired"
+	}
+	return "active"
 }
 
 // HashToken is how tokens are stored: SHA-256 of the whole token. Tokens
@@ -29,12 +78,26 @@ func HashToken(token string) []byte {
 	return sum[:]
 }
 
-// CreateToken creates the user when missing and a new token for them. The
-// token is returned once and only its hash is stored.
+// CreateToken creates the user when missing and a new token for them that
+// never expires. The token is returned once and only its hash is stored.
 func CreateToken(ctx context.Context, db Executor, userName string) (string, User, error) {
+	return CreateTokenUntil(ctx, db, userName, time.Time{})
+}
+
+// CreateTokenUntil is CreateToken for a token that stops working at
+// expiresAt; a zero expiresAt never expires. The returned User carries
+// the new token's id and expiry.
+func CreateTokenUntil(ctx context.Context, db Executor, userName string, expiresAt time.Time) (string, User, error) {
 	userName = strings.TrimSpace(userName)
 	if userName == "" || len(userName) > 200 {
 		return "", User{}, errors.New("user name must be 1 to 200 characters")
+	}
+	var expires *time.Time
+	if !expiresAt.IsZero() {
+		if !expiresAt.After(time.Now()) {
+			return "", User{}, fmt.Errorf("the expiry %s is not in the future", expiresAt.UTC().Format(time.RFC3339))
+		}
+		expires = &expiresAt
 	}
 	var u User
 	err := db.QueryRow(ctx, `
@@ -49,28 +112,154 @@ func CreateToken(ctx context.Context, db Executor, userName string) (string, Use
 	if err != nil {
 		return "", User{}, fmt.Errorf("create user %q: %w", userName, err)
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return "", User{}, err
+	// A public id is 47 random bits: a clash is rare, and another draw
+	// settles it.
+	for attempt := 0; ; attempt++ {
+		publicID, err := randomAlphanumeric(publicIDLength)
+		if err != nil {
+			return "", User{}, err
+		}
+		raw := make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return "", User{}, err
+		}
+		token := tokenPrefix + publicID + "_" + base64.RawURLEncoding.EncodeToString(raw)
+		err = db.QueryRow(ctx, `
+			INSERT INTO api_tokens (user_id, token_hash, public_id, expires_at) VALUES ($1, $2, $3, $4)
+			RETURNING id`, u.ID, HashToken(token), publicID, expires).Scan(&u.TokenID)
+		if IsUniqueViolation(err) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return "", User{}, fmt.Errorf("store token: %w", err)
+		}
+		if expires != nil {
+			u.TokenExpiresAt = *expires
+		}
+		return token, u, nil
 	}
-	token := tokenPrefix + base64.RawURLEncoding.EncodeToString(raw)
-	if _, err := db.Exec(ctx, `INSERT INTO api_tokens (user_id, token_hash) VALUES ($1, $2)`, u.ID, HashToken(token)); err != nil {
-		return "", User{}, fmt.Errorf("store token: %w", err)
-	}
-	return token, u, nil
 }
 
-// Authenticate returns the user a token belongs to, or ErrNotFound.
+// randomAlphanumeric returns n characters from [A-Za-z0-9], uniformly.
+func randomAlphanumeric(n int) (string, error) {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	out := make([]byte, 0, n)
+	buf := make([]byte, 2*n)
+	for len(out) < n {
+		if _, err := rand.Read(buf); err != nil {
+			return "", err
+		}
+		for _, b := range buf {
+			// 248 = 4*62: rejecting the rest keeps every character equally
+			// likely.
+			if b < 248 && len(out) < n {
+				out = append(out, alphabet[b%62])
+			}
+		}
+	}
+	return string(out), nil
+}
+
+// Authenticate returns the user a token belongs to, with the token's id
+// and expiry. An unknown token is ErrNotFound; a revoked one
+// ErrTokenRevoked; an expired one ErrTokenExpired. It records the use
+// (last_used_at, to the minute).
 func Authenticate(ctx context.Context, db Executor, token string) (User, error) {
 	if !strings.HasPrefix(token, tokenPrefix) {
 		return User{}, ErrNotFound
 	}
-	var u User
+	var (
+		u                User
+		revoked, expired bool
+		expiresAt        *time.Time
+	)
 	err := db.QueryRow(ctx, `
-		SELECT u.id, u.name FROM api_tokens t JOIN users u ON u.id = t.user_id
-		WHERE t.token_hash = $1 AND t.revoked_at IS NULL`, HashToken(token)).Scan(&u.ID, &u.Name)
-	if errors.Is(err, pgx.ErrNoRows) {
+		WITH t AS (
+			SELECT t.id, t.user_id, u.name, t.expires_at,
+			       t.revoked_at IS NOT NULL AS revoked,
+			       coalesce(t.expires_at <= now(), false) AS expired
+			FROM api_tokens t JOIN users u ON u.id = t.user_id
+			WHERE t.token_hash = $1),
+		used AS (
+			UPDATE api_tokens SET last_used_at = now()
+			WHERE id = (SELECT id FROM t WHERE NOT revoked AND NOT expired)
+			  AND (last_used_at IS NULL OR last_used_at < now() - $2::interval))
+		SELECT id, user_id, name, expires_at, revoked, expired FROM t`,
+		HashToken(token), lastUsedResolution).Scan(&u.TokenID, &u.ID, &u.Name, &expiresAt, &revoked, &expired)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return User{}, ErrNotFound
+	case err != nil:
+		return User{}, err
+	case revoked:
+		return User{}, ErrTokenRevoked
+	case expired:
+		return User{}, ErrTokenExpired
 	}
-	return u, err
+	if expiresAt != nil {
+		u.TokenExpiresAt = *expiresAt
+	}
+	return u, nil
+}
+
+// TokenActive reports whether the token with this id still lets its user
+// in: it exists, is not revoked and has not expired. A long-lived request
+// checks it again while it runs.
+func TokenActive(ctx context.Context, db Executor, tokenID int64) (bool, error) {
+	var active bool
+	err := db.QueryRow(ctx, `
+		SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+		FROM api_tokens WHERE id = $1`, tokenID).Scan(&active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return active, err
+}
+
+// ListTokens returns a user's tokens, oldest first; ErrNotFound when there
+// is no such user.
+func ListTokens(ctx context.Context, db Executor, userName string) ([]Token, error) {
+	var userID int64
+	err := db.QueryRow(ctx, `SELECT id FROM users WHERE name = $1`, strings.TrimSpace(userName)).Scan(&userID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `
+		SELECT t.id, coalesce(t.public_id, ''), u.name, t.created_at, t.expires_at, t.revoked_at, t.last_used_at
+		FROM api_tokens t JOIN users u ON u.id = t.user_id
+		WHERE t.user_id = $1 ORDER BY t.created_at, t.id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scanToken)
+}
+
+func scanToken(row pgx.CollectableRow) (Token, error) {
+	var t Token
+	err := row.Scan(&t.ID, &t.PublicID, &t.UserName, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &t.LastUsedAt)
+	return t, err
+}
+
+// RevokeToken revokes the token with this id at once: every request with
+// it gets 401 from then on. Revoking a revoked token changes nothing and
+// returns it as it is; an unknown id is ErrNotFound.
+func RevokeToken(ctx context.Context, db Executor, tokenID int64) (Token, error) {
+	rows, err := db.Query(ctx, `
+		WITH rev AS (
+			UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+			WHERE id = $1
+			RETURNING id, public_id, user_id, created_at, expires_at, revoked_at, last_used_at)
+		SELECT rev.id, coalesce(rev.public_id, ''), u.name, rev.created_at, rev.expires_at, rev.revoked_at, rev.last_used_at
+		FROM rev JOIN users u ON u.id = rev.user_id`, tokenID)
+	if err != nil {
+		return Token{}, err
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, scanToken)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, ErrNotFound
+	}
+	return t, err
 }

@@ -47,6 +47,7 @@ func vars() map[string]string {
 		"model_timeout":       agent.DefaultRequestTimeout.String(),
 		"max_model_calls":     fmt.Sprint(agent.DefaultMaxModelCalls),
 		"max_tool_iterations": fmt.Sprint(agent.DefaultMaxToolIterations),
+		"token_expiry":        DefaultTokenExpiry.String(),
 		"http_addr":           config.DefaultHTTPAddr,
 	}
 }
