@@ -118,6 +118,8 @@ func (s *Server) routes() {
 	s.handle("GET /{$}", s.index)
 	s.handle("GET /healthz", s.healthz)
 	s.handle("GET /readyz", s.readyz)
+	s.handle("GET /app.js", s.asset("text/javascript; charset=utf-8", appJS))
+	s.handle("GET /app.css", s.asset("text/css; charset=utf-8", appCSS))
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
 
 	s.handle("POST /v1/conversations", s.auth(s.createConversation))

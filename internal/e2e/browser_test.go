@@ -39,6 +39,7 @@ type page struct {
 	ctx      context.Context
 	url      string
 	addr     string
+	token    string // the token of the first link, user "browser"
 	srv      *api.Server
 	hs       *http.Server
 	artifact string
@@ -94,7 +95,7 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 	require.NoError(t, err)
 	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
 	require.NoError(t, err)
-	p := &page{t: t, db: db, srv: srv}
+	p := &page{t: t, db: db, srv: srv, token: token}
 	p.artifact = artifactDir(t)
 	p.serve("127.0.0.1:0")
 	t.Cleanup(p.stopAPI)
@@ -319,4 +320,48 @@ func TestBrowserShowsAStreamedReplyAsItGrowsAndAVisibleFailure(t *testing.T) {
 	p.waitJS("the committed reply", hasBubble("assistant", "so no turn is lost."), 20*time.Second)
 	p.waitJS("the streaming preview gone", `document.querySelectorAll('.msg.streaming').length === 0`, 5*time.Second)
 	p.screenshot("replied")
+}
+
+// storedToken is the token the page keeps.
+func (p *page) storedToken() string {
+	p.t.Helper()
+	tok, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`localStorage.getItem("baton.token") || ""`))
+	require.NoError(p.t, err)
+	return tok
+}
+
+func TestBrowserLinkWithAnotherTokenDoesNotSilentlyReplaceTheStoredOne(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("mine")
+	require.Equal(t, p.token, p.storedToken())
+	require.False(t, p.js(`location.hash.includes("token")`), "the token leaves the address bar")
+
+	other, _, err := schema.CreateToken(context.Background(), p.db.Pool, "someone-else")
+	require.NoError(t, err)
+	link := fmt.Sprintf("http://%s/#token=%s", p.addr, other)
+
+	// Opened from elsewhere (a new page load): the page asks and keeps
+	// the token it has until the user chooses.
+	require.NoError(t, chromedp.Do(p.ctx, chromedp.Navigate("about:blank")))
+	require.NoError(t, chromedp.Do(p.ctx, chromedp.Navigate(link)))
+	p.waitJS("the choice between the two tokens", `!document.getElementById("tokenchoice").classList.contains("hidden")`, 10*time.Second)
+	p.waitJS("the first user's conversations", `[...document.querySelectorAll("#convs li")].some(e => e.textContent.includes("mine"))`, 10*time.Second)
+	p.screenshot("token-choice")
+	require.Equal(t, p.token, p.storedToken(), "a link's token does not replace the stored one by itself")
+	require.False(t, p.js(`location.hash.includes("token")`), "the link's token leaves the address bar too")
+
+	require.NoError(t, chromedp.Do(p.ctx, chromedp.Click("#keeptoken")))
+	p.waitJS("the choice to close", `document.getElementById("tokenchoice").classList.contains("hidden")`, 5*time.Second)
+	require.Equal(t, p.token, p.storedToken(), "keeping the current token keeps it")
+
+	// Followed while the page is open (the fragment changes, no reload):
+	// the same choice; taking the link's token starts over as the other
+	// user.
+	require.NoError(t, chromedp.Do(p.ctx, chromedp.Evaluate[chromedp.Void](`location.hash = "#token=`+other+`"`)))
+	p.waitJS("the choice again", `!document.getElementById("tokenchoice").classList.contains("hidden")`, 10*time.Second)
+	require.Equal(t, p.token, p.storedToken())
+	require.NoError(t, chromedp.Do(p.ctx, chromedp.Click("#usenewtoken")))
+	p.waitJS("the other user's token in use", `localStorage.getItem("baton.token") === `+jsString(other), 10*time.Second)
+	p.waitJS("the page as the other user", `!document.getElementById("app").classList.contains("hidden") && document.querySelectorAll("#convs li").length === 0`, 10*time.Second)
+	require.False(t, p.js(`[...document.querySelectorAll("#convs li")].some(e => e.textContent.includes("mine"))`), "nothing of the first user stays on the page")
 }
