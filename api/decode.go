@@ -23,6 +23,11 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty 
 			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the request body is over %d bytes", limit))
 			return false
 		}
+		var bte *bodyTimeoutError
+		if errors.As(err, &bte) {
+			writeError(w, http.StatusRequestTimeout, "request_timeout", bte.Error())
+			return false
+		}
 		writeError(w, http.StatusBadRequest, "bad_body", "could not read the request body: "+err.Error())
 		return false
 	}

@@ -57,6 +57,12 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	release, err := s.acquireStream(userFrom(r.Context()).ID)
+	if err != nil {
+		s.refuse(w, r, err)
+		return
+	}
+	defer release()
 	if s.cfg.JetStream == nil {
 		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events need NATS: start the API with --nats-url / BATON_NATS_URL")
 		return

@@ -12,6 +12,8 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	messages *prometheus.CounterVec
+	limited  *prometheus.CounterVec
+	streams  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -29,8 +31,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_api_messages_total",
 			Help: "User messages posted, by outcome: stored (new turn), retry (already stored, no new turn), conflict.",
 		}, []string{"outcome"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_api_limited_total",
+			Help: "Requests refused by a limit: messages (per-user rate), streams_per_user, streams (per process).",
+		}, []string{"limit"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_api_event_streams",
+			Help: "Live event streams open.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages, m.limited, m.streams} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -48,13 +58,14 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-// Flush lets streaming handlers (server-sent events) flush through the
-// recorder.
-func (r *statusRecorder) Flush() {
-	if f, ok := r.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+// FlushError lets streaming handlers (server-sent events) flush through
+// the recorder, with http.ResponseController.
+func (r *statusRecorder) FlushError() error {
+	return http.NewResponseController(r.ResponseWriter).Flush()
 }
+
+// Flush implements http.Flusher.
+func (r *statusRecorder) Flush() { _ = r.FlushError() }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

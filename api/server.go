@@ -16,9 +16,9 @@ import (
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -46,10 +46,37 @@ type Config struct {
 	// Events is the conversation events stream. Defaults to BATON_EVENTS
 	// under baton.events.
 	Events batonnats.EventsConfig
-	// Gatherer serves GET /metrics. Defaults to prometheus.DefaultGatherer
-	// when Registerer is the default registerer, else to the private
-	// registry.
-	Gatherer prometheus.Gatherer
+
+	// HeaderTimeout is how long a client may take to send a request's
+	// headers; past it the connection is closed. Defaults to 10s.
+	HeaderTimeout time.Duration
+	// ReadTimeout is how long a client may take to send a request's body,
+	// from the end of its headers; past it the request gets 408 and the
+	// connection is closed. Defaults to 30s.
+	ReadTimeout time.Duration
+	// WriteTimeout is how long a response may take, from the end of the
+	// request's headers; past it the connection is closed. Event streams
+	// are exempt: each of their writes gets this long instead. Defaults to
+	// 30s.
+	WriteTimeout time.Duration
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request before it is closed. Defaults to 2m.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes limits a request's line and headers; larger gets 431.
+	// Defaults to 16 KiB.
+	MaxHeaderBytes int
+	// MessagesPerMinute is how many messages one user may post per minute,
+	// sustained; more get 429 with Retry-After. Defaults to 60.
+	MessagesPerMinute int
+	// MessageBurst is how many messages one user may post at once after a
+	// quiet spell. Defaults to 20.
+	MessageBurst int
+	// MaxStreamsPerUser is how many live event streams one user may hold
+	// open; more get 429. Defaults to 8.
+	MaxStreamsPerUser int
+	// MaxStreams is how many live event streams the process holds open;
+	// more get 503. Defaults to 10000.
+	MaxStreams int
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -59,24 +86,61 @@ func (c Config) WithDefaults() Config {
 		c.MaxContentBytes = DefaultMaxContentBytes
 	}
 	if c.Registerer == nil {
-		reg := prometheus.NewRegistry()
-		c.Registerer = reg
-		if c.Gatherer == nil {
-			c.Gatherer = reg
-		}
+		c.Registerer = prometheus.NewRegistry()
 	}
-	if c.Gatherer == nil {
-		c.Gatherer = prometheus.DefaultGatherer
-	}
+	setDefault(&c.HeaderTimeout, DefaultHeaderTimeout)
+	setDefault(&c.ReadTimeout, DefaultReadTimeout)
+	setDefault(&c.WriteTimeout, DefaultWriteTimeout)
+	setDefault(&c.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&c.MessagesPerMinute, DefaultMessagesPerMinute)
+	setDefault(&c.MessageBurst, DefaultMessageBurst)
+	setDefault(&c.MaxStreamsPerUser, DefaultMaxStreamsPerUser)
+	setDefault(&c.MaxStreams, DefaultMaxStreams)
 	return c
 }
 
-func (c Config) validate() error {
-	if c.Pool == nil {
-		return errors.New("api: Config.Pool is nil")
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
 	}
+}
+
+// Validate reports the first setting that cannot work, as a
+// *setting.Error naming the field; it leaves out Pool, so that a command
+// line can check its flags before it connects. It expects defaults
+// applied (WithDefaults).
+func (c Config) Validate() error {
 	if c.MaxContentBytes < 1 {
-		return errors.New("api: MaxContentBytes must be at least 1 (--max-content-bytes / BATON_MAX_CONTENT_BYTES)")
+		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be at least 1")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"HeaderTimeout", c.HeaderTimeout}, {"ReadTimeout", c.ReadTimeout},
+		{"WriteTimeout", c.WriteTimeout}, {"IdleTimeout", c.IdleTimeout},
+	} {
+		if d.v < 10*time.Millisecond {
+			return setting.Errorf(d.field, d.v, "must be at least 10ms")
+		}
+	}
+	for _, n := range []struct {
+		field string
+		v     int
+	}{
+		{"MaxHeaderBytes", c.MaxHeaderBytes}, {"MessagesPerMinute", c.MessagesPerMinute},
+		{"MessageBurst", c.MessageBurst}, {"MaxStreamsPerUser", c.MaxStreamsPerUser}, {"MaxStreams", c.MaxStreams},
+	} {
+		if n.v < 1 {
+			return setting.Errorf(n.field, n.v, "must be at least 1")
+		}
+	}
+	if c.MaxHeaderBytes < 1024 {
+		return setting.Errorf("MaxHeaderBytes", c.MaxHeaderBytes, "must be at least 1024: a browser's ordinary headers do not fit in less")
+	}
+	if c.MaxStreamsPerUser > c.MaxStreams {
+		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
 	}
 	return nil
 }
@@ -88,6 +152,10 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *metrics
 	mux     *http.ServeMux
+	handler http.Handler
+
+	messages *messageLimiter
+	streams  *streamLimiter
 
 	eventsCfg batonnats.EventsConfig
 	events    *batonnats.EventPublisher
@@ -98,7 +166,10 @@ type Server struct {
 // New builds a server.
 func New(cfg Config) (*Server, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if cfg.Pool == nil {
+		return nil, errors.New("api: Config.Pool is nil")
+	}
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -106,11 +177,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, pool: cfg.Pool, log: cfg.Log, metrics: m, mux: http.NewServeMux(),
-		eventsCfg: cfg.Events, closing: make(chan struct{})}
+		eventsCfg: cfg.Events, closing: make(chan struct{}),
+		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
+		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if cfg.JetStream != nil {
 		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events)
 	}
 	s.routes()
+	s.handler = s.limitRequest(s.mux)
 	return s, nil
 }
 
@@ -120,17 +194,19 @@ func (s *Server) routes() {
 	s.handle("GET /readyz", s.readyz)
 	s.handle("GET /app.js", s.asset("text/javascript; charset=utf-8", appJS))
 	s.handle("GET /app.css", s.asset("text/css; charset=utf-8", appCSS))
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	// Metrics are not served here: they say how busy the service is and
+	// which routes fail, which is for operators, not for anyone who can
+	// reach the API. `baton api --metrics-addr` serves them apart.
 
 	s.handle("POST /v1/conversations", s.auth(s.createConversation))
 	s.handle("GET /v1/conversations", s.auth(s.listConversations))
 	s.handle("GET /v1/conversations/{cid}", s.auth(s.getConversation))
 	s.handle("DELETE /v1/conversations/{cid}", s.auth(s.deleteConversation))
-	s.handle("POST /v1/conversations/{cid}/messages", s.auth(s.postMessage))
+	s.handle("POST /v1/conversations/{cid}/messages", s.auth(s.limitMessages(s.postMessage)))
 	s.handle("GET /v1/conversations/{cid}/messages", s.auth(s.listMessages))
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
-	s.handle("GET /v1/conversations/{cid}/events", s.authStream(s.conversationEvents))
+	s.handle("GET /v1/conversations/{cid}/events", s.liveStream(s.authStream(s.conversationEvents)))
 	// Anything else under /v1 is a JSON 404, not the mux's plain text.
 	s.handle("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path)
@@ -148,7 +224,7 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 func (s *Server) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -158,7 +234,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.pool.Ping(ctx); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database_unreachable", "the database is not reachable: "+err.Error())
+		// The cause (driver text, host and port) is for operators only.
+		s.log.Warn().Err(err).Msg("not ready: the database is not reachable")
+		writeError(w, http.StatusServiceUnavailable, "not_ready", "not ready to serve requests")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -192,7 +192,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", ports[2*natsCount+relayCount])
 	s.apiURL = "http://" + apiAddr
 	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"),
-		"api", "--database-url", s.dbURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json")
+		"api", "--database-url", s.dbURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
+		// One user sends the whole load, far above what one person types.
+		"--messages-per-minute", "1000000", "--message-burst", "100000")
 	if err := s.api.supervise(); err != nil {
 		return s, err
 	}

@@ -20,6 +20,37 @@ import (
 type httpOptions struct {
 	HTTPAddr        string `name:"http-addr" env:"BATON_HTTP_ADDR" help:"Address the HTTP API listens on." default:"${http_addr}"`
 	MaxContentBytes int    `name:"max-content-bytes" env:"BATON_MAX_CONTENT_BYTES" help:"Largest message content accepted, in bytes (larger gets 413)." default:"65536"`
+	limitFlags      `embed:""`
+}
+
+// limitFlags are the HTTP edge's limits, shared by `baton api` and `baton
+// dev`. A flag left out means the API's default.
+type limitFlags struct {
+	HeaderTimeout     time.Duration `name:"header-timeout" env:"BATON_HTTP_HEADER_TIMEOUT" setting:"HeaderTimeout" help:"How long a client may take to send a request's headers; past it the connection is closed. Defaults to ${http_header_timeout}."`
+	ReadTimeout       time.Duration `name:"read-timeout" env:"BATON_HTTP_READ_TIMEOUT" setting:"ReadTimeout" help:"How long a client may take to send a request's body, from the end of its headers; past it 408 and the connection is closed. Defaults to ${http_read_timeout}."`
+	WriteTimeout      time.Duration `name:"write-timeout" env:"BATON_HTTP_WRITE_TIMEOUT" setting:"WriteTimeout" help:"How long a response may take; past it the connection is closed. Event streams are exempt: each of their writes gets this long. Defaults to ${http_write_timeout}."`
+	IdleTimeout       time.Duration `name:"idle-timeout" env:"BATON_HTTP_IDLE_TIMEOUT" setting:"IdleTimeout" help:"How long a keep-alive connection may wait for its next request. Defaults to ${http_idle_timeout}."`
+	MaxHeaderBytes    int           `name:"max-header-bytes" env:"BATON_MAX_HEADER_BYTES" setting:"MaxHeaderBytes" help:"Largest request line and headers, in bytes; larger gets 431. Defaults to ${max_header_bytes}."`
+	MessagesPerMinute int           `name:"messages-per-minute" env:"BATON_MESSAGES_PER_MINUTE" setting:"MessagesPerMinute" help:"Messages one user may post per minute, sustained; more get 429 with Retry-After. Defaults to ${messages_per_minute}."`
+	MessageBurst      int           `name:"message-burst" env:"BATON_MESSAGE_BURST" setting:"MessageBurst" help:"Messages one user may post at once after a quiet spell. Defaults to ${message_burst}."`
+	MaxStreamsPerUser int           `name:"max-streams-per-user" env:"BATON_MAX_STREAMS_PER_USER" setting:"MaxStreamsPerUser" help:"Live event streams one user may hold open; one more gets 429. Defaults to ${streams_per_user}."`
+	MaxStreams        int           `name:"max-streams" env:"BATON_MAX_STREAMS" setting:"MaxStreams" help:"Live event streams this process holds open; one more gets 503. Defaults to ${max_streams}."`
+	MetricsAddr       string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" help:"Address to serve Prometheus metrics on /metrics, apart from the API, such as 127.0.0.1:9090. Default: not served."`
+}
+
+// withLimits returns cfg with the limits set.
+func (l limitFlags) withLimits(cfg api.Config) api.Config {
+	cfg.HeaderTimeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = l.HeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
+	cfg.MaxHeaderBytes = l.MaxHeaderBytes
+	cfg.MessagesPerMinute, cfg.MessageBurst = l.MessagesPerMinute, l.MessageBurst
+	cfg.MaxStreamsPerUser, cfg.MaxStreams = l.MaxStreamsPerUser, l.MaxStreams
+	return cfg
+}
+
+// validate checks the limits before anything connects, naming the flag
+// and the variable of a value that cannot work.
+func (l limitFlags) validate() error {
+	return settingError(l, l.withLimits(api.Config{}).WithDefaults().Validate())
 }
 
 func (o httpOptions) validate() error {
@@ -43,6 +74,9 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.httpOptions.validate(); err != nil {
 		return &UsageError{Err: err}
 	}
+	if err := c.limitFlags.validate(); err != nil {
+		return err
+	}
 	log := env.Log.With().Str("component", "api").Logger()
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
@@ -59,7 +93,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return &UsageError{Err: err}
 	}
 	defer closeNATS()
-	srv, err := api.New(api.Config{
+	srv, err := api.New(c.withLimits(api.Config{
 		JetStream:       js,
 		NATS:            nc,
 		Events:          batonnats.EventsConfig{Replicas: c.Replicas},
@@ -67,20 +101,19 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		MaxContentBytes: c.MaxContentBytes,
 		Log:             log,
 		Registerer:      prometheus.DefaultRegisterer,
-		Gatherer:        prometheus.DefaultGatherer,
-	})
+	}))
 	if err != nil {
 		return err
 	}
+	if c.MetricsAddr != "" {
+		stop, err := serveMetrics(c.MetricsAddr, prometheus.DefaultGatherer, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	log.Info().Str("addr", ln.Addr().String()).Msg("serving HTTP API")
-	return serveHTTP(ctx, ln, srv)
-}
-
-// apiServer is what serveHTTP needs of the API: a handler whose live
-// streams can be closed at shutdown.
-type apiServer interface {
-	http.Handler
-	Close()
+	return serveHTTP(ctx, ln, srv.HTTPServer())
 }
 
 // listen binds addr, turning "address in use" into an error that says
@@ -93,12 +126,10 @@ func listen(addr string) (net.Listener, error) {
 	return ln, err
 }
 
-// serveHTTP serves h on ln until ctx is cancelled, then gives in-flight
-// requests ten seconds to finish.
-func serveHTTP(ctx context.Context, ln net.Listener, h apiServer) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	// Event streams never end on their own: close them when shutting down.
-	hs.RegisterOnShutdown(h.Close)
+// serveHTTP serves hs on ln until ctx is cancelled, then gives in-flight
+// requests ten seconds to finish (hs ends its event streams, which never
+// end on their own).
+func serveHTTP(ctx context.Context, ln net.Listener, hs *http.Server) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

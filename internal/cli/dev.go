@@ -46,6 +46,9 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.httpOptions.validate(); err != nil {
 		return &UsageError{Err: err}
 	}
+	if err := c.limitFlags.validate(); err != nil {
+		return err
+	}
 	if err := c.Stream.Check(); err != nil {
 		return settingError(c, err)
 	}
@@ -122,21 +125,27 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if _, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{Replicas: c.Replicas}); err != nil {
 		return err
 	}
-	// One registry per run, served by the API's /metrics: every part's
+	// One registry per run, served on --metrics-addr: every part's
 	// metrics in one place.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := api.New(api.Config{
+	srv, err := api.New(c.withLimits(api.Config{
 		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
-		Registerer: reg, Gatherer: reg,
-		JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
-	})
+		Registerer: reg, JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
+	}))
 	if err != nil {
 		return err
 	}
+	if c.MetricsAddr != "" {
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveHTTP(gctx, ln, srv) })
+	g.Go(func() error { return serveHTTP(gctx, ln, srv.HTTPServer()) })
 	g.Go(func() error {
 		return RunStack(gctx, StackConfig{
 			Pool: pool, NATS: nc, Log: env.Log,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/batonhq/baton/agent"
+	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
@@ -47,6 +48,15 @@ func vars() map[string]string {
 		"model_timeout":       agent.DefaultRequestTimeout.String(),
 		"max_model_calls":     fmt.Sprint(agent.DefaultMaxModelCalls),
 		"max_tool_iterations": fmt.Sprint(agent.DefaultMaxToolIterations),
+		"http_header_timeout": api.DefaultHeaderTimeout.String(),
+		"http_read_timeout":   api.DefaultReadTimeout.String(),
+		"http_write_timeout":  api.DefaultWriteTimeout.String(),
+		"http_idle_timeout":   api.DefaultIdleTimeout.String(),
+		"max_header_bytes":    fmt.Sprint(api.DefaultMaxHeaderBytes),
+		"messages_per_minute": fmt.Sprint(api.DefaultMessagesPerMinute),
+		"message_burst":       fmt.Sprint(api.DefaultMessageBurst),
+		"streams_per_user":    fmt.Sprint(api.DefaultMaxStreamsPerUser),
+		"max_streams":         fmt.Sprint(api.DefaultMaxStreams),
 		"token_expiry":        DefaultTokenExpiry.String(),
 		"http_addr":           config.DefaultHTTPAddr,
 	}

@@ -144,7 +144,7 @@ func (p *page) serve(addr string) {
 	}
 	require.NoError(p.t, err)
 	p.addr = ln.Addr().String()
-	p.hs = &http.Server{Handler: p.srv}
+	p.hs = p.srv.HTTPServer()
 	go func() { _ = p.hs.Serve(ln) }()
 }
 
