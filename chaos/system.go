@@ -179,7 +179,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 		args := append([]string{"worker"}, common...)
 		args = append(args, streamFlags...)
 		args = append(args, "--consumer", "turns", "--lease", cfg.Lease.String(), "--ack-wait", cfg.Lease.String(),
-			"--debounce", "50ms", "--max-attempts", "3", "--concurrency", "32")
+			"--debounce", "50ms", "--max-attempts", "3", "--concurrency", "32",
+			// The load sends /sleep, /fail and /tool lines.
+			"--echo-directives")
 		p := newProcess(fmt.Sprintf("worker%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("worker%d.log", i+1)), args...)
 		s.workers = append(s.workers, p)
 		if err := p.supervise(); err != nil {

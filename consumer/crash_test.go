@@ -62,7 +62,7 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 				"--stream", b.Stream.Name,
 				"--subject-prefix", b.Stream.SubjectPrefix,
 				"--partitions", strconv.Itoa(b.Stream.Partitions),
-				"--lease", "1s", "--ack-wait", "1s", "--debounce", "0",
+				"--lease", "1s", "--ack-wait", "1s", "--debounce", "0", "--echo-directives",
 				"--log-format", "json")
 			cmd.Env = append(os.Environ(), CrashEnv+"="+tc.point)
 			var stderr strings.Builder

@@ -13,27 +13,34 @@ import (
 )
 
 // Echo is the built-in agent for development and tests. It replies
-// "echo: <content>" to each message of the turn and obeys directives on
-// their own line:
+// "echo: <content>" to each message of the turn. With Directives it also
+// obeys directives on their own line:
 //
 //	/sleep <duration>    the model call takes that long
 //	/fail                the model call fails
 //	/tool lookup <text>  calls the read-only lookup tool
 //	/tool notify <text>  calls the side-effecting notify tool
-type Echo struct{}
+type Echo struct {
+	// Directives makes the agent obey /sleep, /fail and /tool. Off, those
+	// lines are echoed like any other: anyone who may post a message
+	// could otherwise hold a turn for as long as they like, fail turns on
+	// purpose or run tools. Defaults to off; development and tests turn it
+	// on.
+	Directives bool
+}
 
 // ErrEchoFail is the failure the /fail directive asks for.
 var ErrEchoFail = errors.New("echo: the model call failed (/fail directive)")
 
 // Run answers the turn.
-func (Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
+func (e Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
 	var out []string
 	calls := 0
 	for _, m := range turn.Messages {
 		var text []string
 		for _, line := range strings.Split(m.Content, "\n") {
 			directive := strings.Fields(line)
-			if len(directive) == 0 || !strings.HasPrefix(directive[0], "/") {
+			if !e.Directives || len(directive) == 0 || !strings.HasPrefix(directive[0], "/") {
 				text = append(text, line)
 				continue
 			}

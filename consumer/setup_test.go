@@ -32,6 +32,7 @@ func (b *bundle) testConfig() Config {
 	return Config{
 		Pool:             b.DB.Pool,
 		JetStream:        b.JS,
+		Agent:            Echo{Directives: true},
 		Stream:           b.Stream,
 		Lease:            2 * time.Second,
 		Debounce:         NoDebounce,

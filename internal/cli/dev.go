@@ -154,7 +154,9 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 				Stream: c.Stream.StreamConfig(), Slot: c.Slot, Publication: c.Publication,
 				Registerer: reg,
 			},
-			Worker: consumer.Config{Registerer: reg},
+			// A development tool: the echo agent obeys /sleep, /fail and
+			// /tool.
+			Worker: consumer.Config{Registerer: reg, Agent: consumer.Echo{Directives: true}},
 		})
 	})
 

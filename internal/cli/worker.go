@@ -23,7 +23,7 @@ type workerCmd struct {
 	config.Stream   `embed:""`
 
 	Consumer    string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
-	Agent       string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>, obeys /sleep, /fail, /tool directives), or openai (a model server speaking the OpenAI chat completions API)."`
+	Agent       string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), or openai (a model server speaking the OpenAI chat completions API)."`
 	Debounce    time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
 	MaxAttempts int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
 	Lease       time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
@@ -33,6 +33,12 @@ type workerCmd struct {
 	Concurrency int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
 	MetricsAddr string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags  `embed:""`
+	echoFlags   `embed:""`
+}
+
+// echoFlags configure --agent echo.
+type echoFlags struct {
+	EchoDirectives bool `name:"echo-directives" env:"BATON_ECHO_DIRECTIVES" help:"Make the echo agent obey /sleep, /fail and /tool lines, for development and tests; off, they are echoed as text. Never on a worker that strangers can reach through the API."`
 }
 
 // modelFlags configure --agent openai.
@@ -72,7 +78,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 			MaxDeliver:  c.MaxDeliver,
 			BackOff:     c.BackOff,
 		},
-		Agent:       consumer.Echo{},
+		Agent:       consumer.Echo{Directives: c.EchoDirectives},
 		Debounce:    debounce,
 		MaxAttempts: c.MaxAttempts,
 		Lease:       c.Lease,

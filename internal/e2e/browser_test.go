@@ -70,6 +70,8 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 	require.NoError(t, err)
 
 	wcfg := consumer.Config{
+		// The tests send /sleep and /fail lines.
+		Agent:       consumer.Echo{Directives: true},
 		MaxAttempts: 2, Lease: 5 * time.Second, RetryDelay: 100 * time.Millisecond,
 		Debounce: 50 * time.Millisecond,
 	}
