@@ -128,11 +128,13 @@ func (s *stack) startWorker(a consumer.Agent, reg *agent.Registry, change func(*
 	return stop
 }
 
-// send commits a user message and its outbox row, as the API does.
+// send commits a user message and its outbox row, as the API does, in a
+// conversation whose key is its id (as for a conversation that existed
+// before keys were the server's), so the test reads rows by that id.
 func (s *stack) send(conversationID, messageID, content string) {
 	s.t.Helper()
 	ctx := context.Background()
-	_, _, err := schema.CreateConversation(ctx, s.db.Pool, s.owner, conversationID, "")
+	_, err := s.db.Pool.Exec(ctx, `INSERT INTO conversations (id, public_id, owner_id) VALUES ($1, $1, $2) ON CONFLICT DO NOTHING`, conversationID, s.owner)
 	require.NoError(s.t, err)
 	err = pgx.BeginFunc(ctx, s.db.Pool, func(tx pgx.Tx) error {
 		// Logical decoding sees the commit at once (the test cluster runs
@@ -140,7 +142,7 @@ func (s *stack) send(conversationID, messageID, content string) {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err
 		}
-		_, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{ConversationID: conversationID, MessageID: messageID, Content: content})
+		_, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{OwnerID: s.owner, ConversationID: conversationID, MessageID: messageID, Content: content})
 		return err
 	})
 	require.NoError(s.t, err)
@@ -305,13 +307,18 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	s.send("conv-401", "m1", "hello")
 	failed := s.await("conv-401", batonnats.EventReplied, batonnats.EventFailed)
 	require.Equal(t, batonnats.EventFailed, failed.Type)
-	var role, content string
+	var role, content, detail string
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
-		`SELECT role, content FROM messages WHERE id = $1`, failed.MessageID).Scan(&role, &content))
+		`SELECT role, content, detail FROM messages WHERE id = $1`, failed.MessageID).Scan(&role, &content, &detail))
 	require.Equal(t, schema.RoleError, role)
-	require.Contains(t, content, "the model server refused the API key")
-	require.Contains(t, content, "BATON_MODEL_API_KEY")
+	require.Contains(t, detail, "the model server refused the API key", "the operator's detail names the cause")
+	require.Contains(t, detail, "BATON_MODEL_API_KEY", "and the setting to check")
+	require.Contains(t, content, "could not answer", "the user reads that the turn failed")
+	require.NotContains(t, content, "BATON_", "the user's text names no setting")
+	require.NotContains(t, content, "--", "the user's text names no flag")
+	require.NotContains(t, content, "http", "the user's text names no server")
 	require.NotContains(t, content, "sk-te", "the visible error must not quote the key")
+	require.NotContains(t, detail, "sk-te", "nor the operator's detail")
 	require.Equal(t, 0, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-401' AND role = 'assistant'`))
 	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-401' AND status = 'error'`))
 	require.Len(t, model.Requests(), 1, "a refused key is terminal: no second attempt")

@@ -25,18 +25,19 @@ import (
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 type bundle struct {
-	pool   *pgxpool.Pool
-	srv    *httptest.Server
-	alice  string // token
-	bob    string // token
-	client *http.Client
+	pool    *pgxpool.Pool
+	srv     *httptest.Server
+	alice   string // token
+	bob     string // token
+	aliceID int64
+	client  *http.Client
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := testenv.Database(t)
 	ctx := context.Background()
-	a, _, err := schema.CreateToken(ctx, db.Pool, "alice")
+	a, alice, err := schema.CreateToken(ctx, db.Pool, "alice")
 	require.NoError(t, err)
 	b, _, err := schema.CreateToken(ctx, db.Pool, "bob")
 	require.NoError(t, err)
@@ -44,7 +45,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)
-	return &bundle{pool: db.Pool, srv: hs, alice: a, bob: b, client: hs.Client()}
+	return &bundle{pool: db.Pool, srv: hs, alice: a, bob: b, aliceID: alice.ID, client: hs.Client()}
 }
 
 type response struct {
@@ -117,7 +118,8 @@ func TestPostMessageStoresMessageAndOutboxRow(t *testing.T) {
 	var outboxStatus string
 	var attempts int
 	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT status, attempts FROM agent_outbox WHERE message_id = 'm1' AND conversation_id = 'c1'`).Scan(&outboxStatus, &attempts))
+		`SELECT o.status, o.attempts FROM agent_outbox o JOIN messages m ON m.id = o.message_id JOIN conversations c ON c.id = o.conversation_id
+		 WHERE m.public_id = 'm1' AND c.public_id = 'c1'`).Scan(&outboxStatus, &attempts))
 	require.Equal(t, "pending", outboxStatus)
 	require.Equal(t, 0, attempts)
 
@@ -197,7 +199,7 @@ func TestFailedOutboxInsertLeavesNoMessage(t *testing.T) {
 
 	// The library form: the caller's transaction, rolled back by the caller.
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{ConversationID: "c1", MessageID: "m2", Content: "x"})
+		_, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{OwnerID: b.aliceID, ConversationID: "c1", MessageID: "m2", Content: "x"})
 		return err
 	})
 	require.ErrorContains(t, err, "outbox refused")
@@ -209,7 +211,7 @@ func TestInsertMessageTxReportsExisting(t *testing.T) {
 	b := setup(t)
 	b.createConversation(t, b.alice, "c1")
 	ctx := context.Background()
-	msg := schema.UserMessage{ConversationID: "c1", MessageID: "m1", Content: "hi"}
+	msg := schema.UserMessage{OwnerID: b.aliceID, ConversationID: "c1", MessageID: "m1", Content: "hi"}
 	var first, second schema.InsertResult
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) (err error) {
 		first, err = schema.InsertMessageTx(ctx, tx, msg)
@@ -224,7 +226,7 @@ func TestInsertMessageTxReportsExisting(t *testing.T) {
 	require.Equal(t, first.OutboxID, second.OutboxID)
 	require.Equal(t, [3]int{1, 1, 1}, counts(t, b.pool))
 
-	_, err := schema.InsertMessageTx(ctx, b.pool, schema.UserMessage{ConversationID: "nope", MessageID: "m9", Content: "x"})
+	_, err := schema.InsertMessageTx(ctx, b.pool, schema.UserMessage{OwnerID: b.aliceID, ConversationID: "nope", MessageID: "m9", Content: "x"})
 	require.ErrorIs(t, err, schema.ErrNotFound)
 }
 
@@ -266,7 +268,11 @@ func TestBadInputGetsClearErrorAndChangesNothing(t *testing.T) {
 		{"wrong token", "baton_wrong", "POST", msgs, map[string]any{"id": "m1", "content": "a"}, 401, "unauthorized"},
 		{"unknown conversation", b.alice, "POST", convPath("nope", "/messages"), map[string]any{"id": "m1", "content": "a"}, 404, "not_found"},
 		{"someone else's conversation", b.alice, "POST", convPath("bobs", "/messages"), map[string]any{"id": "m1", "content": "a"}, 404, "not_found"},
-		{"conversation id taken by another user", b.alice, "POST", "/v1/conversations", map[string]any{"id": "bobs"}, 409, "conflict"},
+		{"conversation id with a leading space", b.alice, "POST", "/v1/conversations", map[string]any{"id": " c2"}, 400, "bad_id"},
+		{"conversation id with a trailing space", b.alice, "POST", "/v1/conversations", map[string]any{"id": "c2 "}, 400, "bad_id"},
+		{"conversation id in path with a trailing space", b.alice, "POST", convPath("c1 ", "/messages"), map[string]any{"id": "m1", "content": "a"}, 400, "bad_id"},
+		{"message id with a leading tab-like space", b.alice, "POST", msgs, map[string]any{"id": "\u00a0m1", "content": "a"}, 400, "bad_id"},
+		{"message id with a trailing space", b.alice, "POST", msgs, map[string]any{"id": "m1 ", "content": "a"}, 400, "bad_id"},
 		{"delete unknown", b.alice, "DELETE", convPath("nope"), nil, 404, "not_found"},
 		{"unknown endpoint", b.alice, "GET", "/v1/nothing", nil, 404, "not_found"},
 	}

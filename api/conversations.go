@@ -38,12 +38,26 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(maxTitleLength)+" characters")
 		return
 	}
-	c, created, err := schema.CreateConversation(r.Context(), s.pool, userFrom(r.Context()).ID, id, req.Title)
-	switch {
-	case errors.Is(err, schema.ErrConflict):
-		writeError(w, http.StatusConflict, "conflict", err.Error())
+	owner := userFrom(r.Context()).ID
+	var c schema.Conversation
+	var created bool
+	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		var err error
+		if c, err = schema.GetConversation(r.Context(), tx, owner, id); err == nil {
+			// Already the user's: creating it again changes nothing and
+			// counts against no quota.
+			return nil
+		}
+		if err := schema.CheckConversationQuotaTx(r.Context(), tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
+			return err
+		}
+		c, created, err = schema.CreateConversation(r.Context(), tx, owner, id, req.Title)
+		return err
+	})
+	if quotaExceeded(w, err) {
 		return
-	case err != nil:
+	}
+	if err != nil {
 		s.internalError(w, r, err)
 		return
 	}
@@ -118,11 +132,12 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	err := schema.DeleteConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	key, err := schema.DeleteConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
 	if s.failed(w, r, cid, err) {
 		return
 	}
-	s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventDeleted, ConversationID: cid}, "")
+	// Open event streams of the conversation end on this event.
+	s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventDeleted, ConversationID: key}, "deleted-"+key)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -145,27 +160,22 @@ func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var ids []int64
+	var res schema.RetryResult
 	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 		var err error
-		ids, err = schema.RetryFailedTx(r.Context(), tx, userFrom(r.Context()).ID, cid)
-		if err != nil || len(ids) == 0 {
+		res, err = schema.RetryFailedTx(r.Context(), tx, userFrom(r.Context()).ID, cid, s.cfg.Quotas.MaxRetriesPerHour)
+		if err != nil || len(res.OutboxIDs) == 0 {
 			return err
 		}
 		// A user's retry is labelled with the time, so a second retry
 		// within the duplicate window is not swallowed.
-		return schema.AnnounceTx(r.Context(), tx, batonnats.ReasonUserRetry, ids)
+		return schema.AnnounceTx(r.Context(), tx, batonnats.ReasonUserRetry, res.OutboxIDs)
 	})
-	switch {
-	case errors.Is(err, schema.ErrNotFound):
-		s.notFound(w, cid)
-		return
-	case err != nil:
-		s.internalError(w, r, err)
+	if quotaExceeded(w, err) || s.failed(w, r, cid, err) {
 		return
 	}
-	if len(ids) > 0 {
-		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: cid, OutboxIDs: ids}, "")
+	if len(res.OutboxIDs) > 0 {
+		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: res.ConversationKey, OutboxIDs: res.OutboxIDs}, "")
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"retried": len(ids)})
+	writeJSON(w, http.StatusOK, map[string]any{"retried": len(res.OutboxIDs)})
 }

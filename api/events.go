@@ -21,6 +21,18 @@ import (
 // client notice a dead connection.
 const sseHeartbeat = 15 * time.Second
 
+// DefaultStreamRecheck is how often an open event stream checks again
+// that its conversation still exists and is still its user's.
+const DefaultStreamRecheck = 30 * time.Second
+
+// Reasons an event stream ends, sent in its final "end" event.
+const (
+	endDeleted = "conversation_deleted"
+	endClosing = "server_closing"
+	endRevoked = "token_revoked"
+	endExpired = "token_expired"
+)
+
 // publishEvent announces a committed change to live clients. A lost publish
 // leaves a client stale until its next event or reconnect, never wrong, so
 // it is logged and the request still succeeds: its transaction committed.
@@ -49,7 +61,9 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if _, err := schema.GetConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid); err != nil {
+	user := userFrom(r.Context())
+	conv, err := schema.GetConversation(r.Context(), s.pool, user.ID, cid)
+	if err != nil {
 		if errors.Is(err, schema.ErrNotFound) {
 			s.notFound(w, cid)
 		} else {
@@ -105,7 +119,10 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	cons, err := s.cfg.JetStream.OrderedConsumer(ctx, s.eventsCfg.Name, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{s.eventsCfg.Subject(cid)},
+		// The subject carries the server's key: another user's
+		// conversation of the same id, or this id reused after a
+		// deletion, is another subject.
+		FilterSubjects:    []string{s.eventsCfg.Subject(conv.Key)},
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       start,
 		InactiveThreshold: time.Minute,
@@ -139,7 +156,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	var deltas chan *natsclient.Msg
 	if s.cfg.NATS != nil {
 		deltas = make(chan *natsclient.Msg, 256)
-		sub, err := s.cfg.NATS.ChanSubscribe(batonnats.LiveConversationSubject(cid), deltas)
+		sub, err := s.cfg.NATS.ChanSubscribe(batonnats.LiveConversationSubject(conv.Key), deltas)
 		if err == nil {
 			defer sub.Unsubscribe()
 		}
@@ -164,12 +181,27 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 
 	tick := time.NewTicker(sseHeartbeat)
 	defer tick.Stop()
+	recheck := time.NewTicker(s.cfg.StreamRecheck)
+	defer recheck.Stop()
+	// A token that expires ends the stream at that moment, not at the
+	// next check.
+	var expired <-chan time.Time
+	if !user.TokenExpiresAt.IsZero() {
+		t := time.NewTimer(time.Until(user.TokenExpiresAt))
+		defer t.Stop()
+		expired = t.C
+	}
+	end := func(reason string) {
+		_ = writeSSE(w, "", "end", fmt.Sprintf(`{"reason":%q}`, reason))
+		_ = rc.Flush()
+	}
 	for {
 		var err error
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.closing:
+			end(endClosing)
 			return
 		case m, ok := <-events:
 			if !ok {
@@ -183,11 +215,36 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			if json.Unmarshal(m.Data(), &ev) != nil {
 				continue
 			}
-			err = writeSSE(w, strconv.FormatUint(meta.Sequence.Stream, 10), "", string(m.Data()))
+			if ev.At.Before(conv.CreatedAt) {
+				// Never anything from before the conversation existed.
+				continue
+			}
+			// The client knows the conversation by its own id.
+			ev.ConversationID = cid
+			body, _ := json.Marshal(ev)
+			err = writeSSE(w, strconv.FormatUint(meta.Sequence.Stream, 10), "", string(body))
+			if err == nil && ev.Type == batonnats.EventDeleted {
+				end(endDeleted)
+				return
+			}
 		case m := <-deltas:
 			err = writeSSE(w, "", "delta", string(m.Data))
 		case <-tick.C:
 			_, err = fmt.Fprint(w, ": keep-alive\n\n")
+		case <-expired:
+			end(endExpired)
+			return
+		case <-recheck.C:
+			if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
+				end(endRevoked)
+				return
+			}
+			// The deleted event may have been lost (it is published after
+			// the commit); the database says for sure.
+			if _, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); errors.Is(cerr, schema.ErrNotFound) {
+				end(endDeleted)
+				return
+			}
 		}
 		if err != nil {
 			return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,12 +52,9 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 
 	var res schema.InsertResult
 	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
-		if _, err := schema.GetConversation(r.Context(), tx, user.ID, cid); err != nil {
-			return err
-		}
 		var err error
 		res, err = schema.InsertMessageTx(r.Context(), tx, schema.UserMessage{
-			ConversationID: cid, MessageID: *req.ID, Content: *req.Content,
+			OwnerID: user.ID, ConversationID: cid, MessageID: *req.ID, Content: *req.Content,
 		})
 		return err
 	})
@@ -78,20 +76,52 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.messages.WithLabelValues("stored").Inc()
+	// The event carries the message id its owner knows; the subject and
+	// the deduplication id carry the server's keys.
 	s.publishEvent(r.Context(), batonnats.ConversationEvent{
-		Type: batonnats.EventMessage, ConversationID: cid, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
-	}, "message-"+res.Message.ID)
+		Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
+	}, "message-"+res.MessageKey)
 	writeJSON(w, http.StatusAccepted, res.Message)
 }
 
+// listMessages returns a page of a conversation's messages, oldest first:
+// ?after=<seq> continues after the message with that seq (the last one of
+// the previous page, which "next_after" gives), ?limit=<n> sets the page
+// size.
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
 		return
 	}
-	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	q := r.URL.Query()
+	limit := schema.DefaultMessagePage
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > schema.MaxMessagePage {
+			writeError(w, http.StatusBadRequest, "bad_limit", fmt.Sprintf("limit must be a number from 1 to %d", schema.MaxMessagePage))
+			return
+		}
+		limit = n
+	}
+	var after int64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "bad_cursor", `after must be the "seq" of a message (the "next_after" of the previous page)`)
+			return
+		}
+		after = n
+	}
+	// One more than asked tells whether another page follows.
+	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid, after, limit+1)
 	if s.failed(w, r, cid, err) {
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"messages": msgs})
+	body := map[string]any{}
+	if len(msgs) > limit {
+		msgs = msgs[:limit]
+		body["next_after"] = msgs[limit-1].Seq
+	}
+	body["messages"] = msgs
+	writeJSON(w, http.StatusOK, body)
 }

@@ -46,6 +46,13 @@ type Config struct {
 	// Events is the conversation events stream. Defaults to BATON_EVENTS
 	// under baton.events.
 	Events batonnats.EventsConfig
+	// Quotas bound what one user can make the system do. Defaults to
+	// Quotas' defaults.
+	Quotas Quotas
+	// StreamRecheck is how often an open event stream checks again that
+	// its conversation still exists and is its user's, and that its token
+	// is still valid; it ends the stream when not. Defaults to 30s.
+	StreamRecheck time.Duration
 
 	// HeaderTimeout is how long a client may take to send a request's
 	// headers; past it the connection is closed. Defaults to 10s.
@@ -82,6 +89,10 @@ type Config struct {
 // WithDefaults returns a copy of c with every zero field set.
 func (c Config) WithDefaults() Config {
 	c.Events = c.Events.WithDefaults()
+	c.Quotas = c.Quotas.WithDefaults()
+	if c.StreamRecheck == 0 {
+		c.StreamRecheck = DefaultStreamRecheck
+	}
 	if c.MaxContentBytes == 0 {
 		c.MaxContentBytes = DefaultMaxContentBytes
 	}

@@ -104,7 +104,10 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 	}
 	rows := map[int64]*outboxRow{}
 	byMessage := map[string][]*outboxRow{}
-	q, err := pool.Query(ctx, `SELECT id, conversation_id, message_id, status, attempts FROM agent_outbox`)
+	// The client knows conversations and messages by their own ids.
+	q, err := pool.Query(ctx, `
+		SELECT o.id, c.public_id, coalesce(m.public_id, m.id), o.status, o.attempts
+		FROM agent_outbox o JOIN messages m ON m.id = o.message_id JOIN conversations c ON c.id = o.conversation_id`)
 	if err != nil {
 		return nil, err
 	}
@@ -242,26 +245,35 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 		return nil, err
 	}
 
-	// Deleted conversations: nothing of them may remain or come back.
+	// Deleted conversations: nothing of them may remain or come back. The
+	// client knows them by its ids; their keys are gone with them, so what
+	// could remain is a row whose conversation no longer exists.
 	for conv := range deleted {
-		var n [5]int
-		if err := pool.QueryRow(ctx, `
-			SELECT (SELECT count(*) FROM conversations WHERE id = $1),
-				(SELECT count(*) FROM messages WHERE conversation_id = $1),
-				(SELECT count(*) FROM agent_outbox WHERE conversation_id = $1),
-				(SELECT count(*) FROM agent_runs WHERE conversation_id = $1),
-				(SELECT count(*) FROM operations WHERE conversation_id = $1)`, conv).Scan(&n[0], &n[1], &n[2], &n[3], &n[4]); err != nil {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM conversations WHERE public_id = $1`, conv).Scan(&n); err != nil {
 			return nil, err
 		}
-		if n != [5]int{} {
-			v.check(CheckDeleted).add("deleted conversation %s still has %d conversation, %d message, %d outbox, %d run and %d operation rows", conv, n[0], n[1], n[2], n[3], n[4])
+		if n != 0 {
+			v.check(CheckDeleted).add("deleted conversation %s came back", conv)
 		}
+	}
+	var orphans [4]int
+	if err := pool.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM messages x WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = x.conversation_id)),
+			(SELECT count(*) FROM agent_outbox x WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = x.conversation_id)),
+			(SELECT count(*) FROM agent_runs x WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = x.conversation_id)),
+			(SELECT count(*) FROM operations x WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = x.conversation_id))`).
+		Scan(&orphans[0], &orphans[1], &orphans[2], &orphans[3]); err != nil {
+		return nil, err
+	}
+	if orphans != [4]int{} {
+		v.check(CheckDeleted).add("%d message, %d outbox, %d run and %d operation rows remain of conversations that no longer exist", orphans[0], orphans[1], orphans[2], orphans[3])
 	}
 
 	// Messages the client saw accepted: each must be in the database with
 	// exactly one outbox row, unless its conversation was deleted.
 	users := map[string]bool{}
-	if err := eachRow(ctx, pool, `SELECT id FROM messages WHERE role = 'user'`, func(s []string) { users[s[0]] = true }); err != nil {
+	if err := eachRow(ctx, pool, `SELECT public_id FROM messages WHERE role = 'user'`, func(s []string) { users[s[0]] = true }); err != nil {
 		return nil, err
 	}
 	v.UserMessages = len(users)

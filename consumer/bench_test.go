@@ -70,7 +70,7 @@ func BenchmarkTurns(b *testing.B) {
 	bb := setup(b)
 	ctx := context.Background()
 	const conversations = 1000
-	_, err := bb.DB.Pool.Exec(ctx, `INSERT INTO conversations (id, owner_id) SELECT 'bench-' || i, $1 FROM generate_series(1, $2) i`, bb.Owner, conversations)
+	_, err := bb.DB.Pool.Exec(ctx, `INSERT INTO conversations (id, public_id, owner_id) SELECT 'bench-' || i, 'bench-' || i, $1 FROM generate_series(1, $2) i`, bb.Owner, conversations)
 	require.NoError(b, err)
 	cfg := bb.testConfig()
 	cfg.Lease = 30 * time.Second

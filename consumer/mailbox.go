@@ -18,6 +18,9 @@ type mailbox struct {
 	// oldest waits; guarded by Worker.mu.
 	waiting []jetstream.Msg
 	since   time.Time
+	// more is set when a capped turn left pending rows: the mailbox runs
+	// another turn even with no trigger waiting.
+	more bool
 }
 
 // dispatch puts a trigger into its conversation's mailbox, starting the
@@ -74,13 +77,14 @@ func (w *Worker) runMailbox(mb *mailbox) {
 		w.mu.Lock()
 		batch := mb.waiting
 		mb.waiting = nil
+		mb.more = false
 		w.mu.Unlock()
 
 		w.handle(mb, batch)
 		<-w.slots
 
 		w.mu.Lock()
-		if len(mb.waiting) == 0 {
+		if len(mb.waiting) == 0 && !mb.more {
 			delete(w.mailboxes, mb.conversationID)
 			w.mu.Unlock()
 			return

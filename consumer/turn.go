@@ -3,6 +3,9 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,6 +39,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 			Worker:         w.cfg.Name,
 			Lease:          w.cfg.Lease,
 			MaxAttempts:    w.cfg.MaxAttempts,
+			MaxRows:        w.cfg.MaxTurnMessages,
 		})
 		return err
 	})
@@ -69,6 +73,11 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		ackAll(batch)
 		return
 	}
+	if claim.More {
+		// The turn is capped: what it left pending is the next turn's, in
+		// order, and the triggers not covered by this claim wait for it.
+		batch = w.keepForNextTurn(mb, batch, claim.OutboxIDs)
+	}
 	log = log.With().Str("run_id", claim.RunID).Str("turn_id", claim.TurnID).Logger()
 	w.metrics.turnsStarted.Inc()
 	w.metrics.attempts.Observe(float64(claim.Attempts))
@@ -89,6 +98,12 @@ var errShutdown = errors.New("worker is shutting down")
 func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
 	turnCtx, cancel := context.WithCancelCause(w.hardCtx)
 	defer cancel(nil)
+	// The turn's wall-clock deadline: past it the attempt fails like any
+	// other failure, visibly once the attempts are used up.
+	deadline := time.AfterFunc(w.cfg.TurnTimeout, func() {
+		cancel(fmt.Errorf("%w of %s", ErrTurnTimeout, w.cfg.TurnTimeout))
+	})
+	defer deadline.Stop()
 	stopRenewal := w.renewLease(turnCtx, cancel, log, mb, batch, claim)
 
 	reply, err := func() (Reply, error) {
@@ -213,7 +228,8 @@ func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []je
 			RunID:          claim.RunID,
 			TurnID:         claim.TurnID,
 			OutboxIDs:      claim.OutboxIDs,
-			Reason:         failReason(cause),
+			Reason:         cause.Error(),
+			UserText:       userText(cause),
 			MaxAttempts:    w.cfg.MaxAttempts,
 			Terminal:       IsTerminal(cause),
 		})
@@ -288,11 +304,47 @@ func nakAll(batch []jetstream.Msg, delay time.Duration) {
 	}
 }
 
-// failReason is what the user reads about a failed attempt. A terminal
-// reason is shown as is, so it must read as a sentence.
-func failReason(cause error) string {
-	if IsTerminal(cause) {
-		return "The assistant could not answer: " + cause.Error() + "."
+// ErrTurnTimeout ends a turn that ran past Config.TurnTimeout.
+var ErrTurnTimeout = errors.New("the turn ran past its deadline")
+
+// userText is the short explanation for the user that an agent error
+// offers (a UserText() string method), or none.
+func userText(cause error) string {
+	var u interface{ UserText() string }
+	if errors.As(cause, &u) {
+		return u.UserText()
 	}
-	return cause.Error()
+	return ""
+}
+
+// keepForNextTurn puts back into the mailbox the triggers of batch whose
+// rows the claim did not take, and returns the others, which the turn
+// settles. With none to put back, the mailbox runs once more anyway: the
+// rows left pending need a turn.
+func (w *Worker) keepForNextTurn(mb *mailbox, batch []jetstream.Msg, claimed []int64) []jetstream.Msg {
+	var covered, kept []jetstream.Msg
+	for _, m := range batch {
+		if id, ok := outboxIDOf(m); ok && !slices.Contains(claimed, id) {
+			kept = append(kept, m)
+		} else {
+			covered = append(covered, m)
+		}
+	}
+	w.mu.Lock()
+	mb.waiting = append(kept, mb.waiting...)
+	mb.more = true
+	mb.since = time.Time{}
+	w.mu.Unlock()
+	return covered
+}
+
+// outboxIDOf reads the outbox row a trigger announces.
+func outboxIDOf(m jetstream.Msg) (int64, bool) {
+	if v := m.Headers().Get(batonnats.HeaderOutboxID); v != "" {
+		if id, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return id, true
+		}
+	}
+	t, err := batonnats.ParseTrigger(m.Data())
+	return t.OutboxID, err == nil
 }

@@ -25,8 +25,12 @@ const (
 	DefaultLease        = 30 * time.Second
 	DefaultConcurrency  = 64
 	DefaultHistoryLimit = 50
-	DefaultBusyDelay    = 250 * time.Millisecond
-	DefaultRetryDelay   = 2 * time.Second
+	// DefaultMaxTurnMessages caps the user messages one turn answers.
+	DefaultMaxTurnMessages = 20
+	// DefaultTurnTimeout is a turn's wall-clock deadline.
+	DefaultTurnTimeout = 15 * time.Minute
+	DefaultBusyDelay   = 250 * time.Millisecond
+	DefaultRetryDelay  = 2 * time.Second
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
@@ -72,6 +76,14 @@ type Config struct {
 	// HistoryLimit is how many earlier messages a turn is given. Defaults
 	// to 50.
 	HistoryLimit int
+	// MaxTurnMessages caps the pending messages one turn claims, oldest
+	// first; the rest are the next turns', in order. It bounds what one
+	// turn carries into a prompt. Defaults to 20.
+	MaxTurnMessages int
+	// TurnTimeout is a turn's wall-clock deadline, from its claim: past
+	// it the attempt fails like any failed attempt (retried under
+	// MaxAttempts, then a visible error). Defaults to 15 minutes.
+	TurnTimeout time.Duration
 	// BusyDelay is the longest a trigger is delayed when another run owns
 	// its conversation; it comes back sooner if that run's lease expires
 	// sooner. Defaults to 250ms.
@@ -137,6 +149,12 @@ func (c Config) WithDefaults() Config {
 	if c.HistoryLimit == 0 {
 		c.HistoryLimit = DefaultHistoryLimit
 	}
+	if c.MaxTurnMessages == 0 {
+		c.MaxTurnMessages = DefaultMaxTurnMessages
+	}
+	if c.TurnTimeout == 0 {
+		c.TurnTimeout = DefaultTurnTimeout
+	}
 	if c.BusyDelay == 0 {
 		c.BusyDelay = DefaultBusyDelay
 	}
@@ -173,6 +191,10 @@ func (c Config) Validate() error {
 		return setting.Errorf("Lease", c.Lease, "too short: give at least 100ms, and far more than a database round trip")
 	case c.Concurrency < 1:
 		return setting.Errorf("Concurrency", c.Concurrency, "must be at least 1")
+	case c.MaxTurnMessages < 1:
+		return setting.Errorf("MaxTurnMessages", c.MaxTurnMessages, "must be at least 1")
+	case c.TurnTimeout <= 0:
+		return setting.Errorf("TurnTimeout", c.TurnTimeout, "must be positive")
 	case c.BusyDelay <= 0:
 		return setting.Errorf("BusyDelay", c.BusyDelay, "must be positive")
 	case c.RetryDelay <= 0:

@@ -103,13 +103,16 @@ func TestMessageDuringATurnBecomesTheNextTurn(t *testing.T) {
 	require.Equal(t, 2, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
-// samePartition returns two conversation IDs in one partition.
-func samePartition(partitions int) (string, string) {
-	a := "slow"
+// samePartition creates two conversations whose keys share a partition
+// and returns their ids.
+func (b *bundle) samePartition() (string, string) {
+	b.T.Helper()
+	slow := "slow"
+	want := batonnats.Partition(b.Conversation(slow), b.Stream.Partitions)
 	for i := 0; ; i++ {
-		c := fmt.Sprintf("fast-%d", i)
-		if batonnats.Partition(c, partitions) == batonnats.Partition(a, partitions) {
-			return a, c
+		fast := fmt.Sprintf("fast-%d", i)
+		if batonnats.Partition(b.Conversation(fast), b.Stream.Partitions) == want {
+			return slow, fast
 		}
 	}
 }
@@ -117,9 +120,7 @@ func samePartition(partitions int) (string, string) {
 func TestLongTurnDoesNotDelayAnotherConversation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	slow, fast := samePartition(b.Stream.Partitions)
-	b.Conversation(slow)
-	b.Conversation(fast)
+	slow, fast := b.samePartition()
 	b.Conversation("warmup")
 	cfg := b.testConfig()
 	cfg.Concurrency = 4
@@ -130,18 +131,18 @@ func TestLongTurnDoesNotDelayAnotherConversation(t *testing.T) {
 
 	b.Send(slow, "s", "/sleep 5s\nslow")
 	b.Eventually(10*time.Second, func() bool {
-		return b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow) == 1
+		return b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, b.Key(slow)) == 1
 	}, "the slow turn runs")
 	start := time.Now()
 	b.Send(fast, "f", "fast")
 	b.Eventually(5*time.Second, func() bool {
-		return b.Count(`SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'assistant'`, fast) == 1
+		return b.Count(`SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'assistant'`, b.Key(fast)) == 1
 	}, "the fast conversation is answered while the slow one sleeps")
 	elapsed := time.Since(start)
-	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, slow), "the slow turn was still running")
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'running'`, b.Key(slow)), "the slow turn was still running")
 	var latency time.Duration
 	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `
-		SELECT r.created_at - u.created_at FROM messages r, messages u WHERE r.conversation_id = $1 AND r.role = 'assistant' AND u.id = 'f'`, fast).Scan(&latency))
+		SELECT r.created_at - u.created_at FROM messages r, messages u WHERE r.conversation_id = $1 AND r.role = 'assistant' AND u.public_id = 'f'`, b.Key(fast)).Scan(&latency))
 	t.Logf("insert to reply in the fast conversation: %s (observed %s)", latency, elapsed)
 	require.Less(t, latency, 100*time.Millisecond, "a long turn elsewhere, even in the same partition, delays a turn by less than 100 ms")
 }
@@ -157,7 +158,7 @@ func TestDuplicateTriggersAndReannouncementsMakeOneReply(t *testing.T) {
 
 	// The same trigger delivered again (a copy JetStream's duplicate
 	// window does not catch), and a re-announcement after the reply.
-	trigger := batonnats.Trigger{OutboxID: id, ConversationID: "c", MessageID: "m1", Reason: batonnats.ReasonInsert}
+	trigger := batonnats.Trigger{OutboxID: id, ConversationID: b.Key("c"), MessageID: "m1", Reason: batonnats.ReasonInsert}
 	msg, err := trigger.Msg(b.Stream.SubjectPrefix, b.Stream.Partitions)
 	require.NoError(t, err)
 	msg.Header.Set(batonnats.HeaderMsgID, "copy-of-outbox-1")
@@ -195,13 +196,13 @@ func TestFailingEveryAttemptEndsInOneVisibleError(t *testing.T) {
 	var content string
 	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
 	require.Contains(t, content, "after 3 attempts")
-	require.True(t, st.has("c", batonnats.EventFailed))
+	require.True(t, st.has(b.Key("c"), batonnats.EventFailed))
 }
 
 func (b *bundle) statusOf(messageID string) string {
 	b.T.Helper()
 	var s string
-	require.NoError(b.T, b.DB.Pool.QueryRow(context.Background(), `SELECT status FROM agent_outbox WHERE message_id = $1`, messageID).Scan(&s))
+	require.NoError(b.T, b.DB.Pool.QueryRow(context.Background(), `SELECT o.status FROM agent_outbox o JOIN messages m ON m.id = o.message_id WHERE m.public_id = $1`, messageID).Scan(&s))
 	return s
 }
 
@@ -218,12 +219,13 @@ func TestDeletingTheConversationDuringATurnCancelsIt(t *testing.T) {
 	b.Eventually(10*time.Second, func() bool {
 		return b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'running'`) == 1
 	}, "the turn runs")
-	require.NoError(t, schema.DeleteConversation(ctx, b.DB.Pool, b.Owner, "c"))
-	st.wait(t, 10*time.Second, "c", batonnats.EventCancelled)
+	_, err := schema.DeleteConversation(ctx, b.DB.Pool, b.Owner, "c")
+	require.NoError(t, err)
+	st.wait(t, 10*time.Second, b.Key("c"), batonnats.EventCancelled)
 	b.settled(10 * time.Second)
 	require.Zero(t, b.Count(`SELECT count(*) FROM conversations`), "nothing is recreated")
 	require.Zero(t, b.Count(`SELECT count(*) FROM messages`), "no reply, no error")
-	require.False(t, st.has("c", batonnats.EventFailed))
+	require.False(t, st.has(b.Key("c"), batonnats.EventFailed))
 }
 
 func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
@@ -236,7 +238,7 @@ func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
 		b.Conversation(c)
 		b.Send(c, c+"-m", "hello")
 		require.NoError(t, pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
-			_, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: c, RunID: c + "-dead", Worker: "dead", Lease: time.Minute, MaxAttempts: 3})
+			_, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: b.Key(c), RunID: c + "-dead", Worker: "dead", Lease: time.Minute, MaxAttempts: 3})
 			return err
 		}))
 	}
@@ -290,4 +292,55 @@ func TestEchoRepliesWithToolResults(t *testing.T) {
 	require.Equal(t, 2, b.Count(`SELECT count(*) FROM operations WHERE status = 'completed' AND message_id = (SELECT id FROM messages WHERE role = 'assistant')`), "operations are attached to the reply")
 	require.Equal(t, 1, b.Count(`SELECT count(*) FROM operations WHERE effect = 'write' AND idempotency_key IS NOT NULL`))
 	require.Equal(t, 1, b.Count(`SELECT count(*) FROM tool_side_effects`))
+}
+
+// TestAThousandPendingMessagesAreAnsweredInCappedTurnsInOrder: a turn
+// carries at most MaxTurnMessages; a conversation with 1,000 pending
+// messages is answered in turns of at most that many, oldest first, none
+// lost, none twice.
+func TestAThousandPendingMessagesAreAnsweredInCappedTurnsInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.SendMany(1000, 1, "backlog") // all in conversation "backlog.0"
+	cfg := b.testConfig()
+	cfg.MaxTurnMessages = 64
+	b.startWorker(cfg)
+	b.settled(120 * time.Second)
+
+	rows, err := b.DB.Pool.Query(context.Background(), `SELECT outbox_ids FROM agent_runs WHERE status = 'finalized' ORDER BY started_at`)
+	require.NoError(t, err)
+	turns, err := pgx.CollectRows(rows, pgx.RowTo[[]int64])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(turns), 1000/64+1, "the backlog takes several turns")
+	var answered []int64
+	for i, turn := range turns {
+		require.LessOrEqual(t, len(turn), 64, "turn %d carries at most the cap", i)
+		answered = append(answered, turn...)
+	}
+	require.Equal(t, ids, answered, "every message answered once, in order")
+	require.Equal(t, len(turns), b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Zero(t, b.Count(`SELECT count(*) FROM agent_runs WHERE status <> 'finalized'`), "no failed or abandoned run")
+}
+
+// TestATurnPastItsDeadlineFailsVisibly: a turn that runs past TurnTimeout
+// is a failed attempt like any other, and at the cap a visible error.
+func TestATurnPastItsDeadlineFailsVisibly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.Conversation("c")
+	var st events
+	cfg := b.testConfig()
+	cfg.TurnTimeout = 300 * time.Millisecond
+	cfg.MaxAttempts = 2
+	cfg.OnConversationEvent = st.record
+	b.startWorker(cfg)
+	b.Send("c", "m1", "/sleep 1h\nnever")
+	st.wait(t, 30*time.Second, b.Key("c"), batonnats.EventFailed)
+	b.settled(10 * time.Second)
+	require.Equal(t, "error", b.statusOf("m1"))
+	require.Equal(t, 2, b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'failed' AND error LIKE '%past its deadline%'`), "each attempt ran into the deadline")
+	var content, detail string
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content, detail FROM messages WHERE role = 'error'`).Scan(&content, &detail))
+	require.Contains(t, content, "could not answer after 2 attempts")
+	require.Contains(t, detail, "the turn ran past its deadline of 300ms")
 }

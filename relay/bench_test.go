@@ -55,7 +55,7 @@ func drainOnce(b *testing.B) {
 
 	_, user, err := schemaUser(ctx, db)
 	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO conversations (id, owner_id) SELECT 'bench.' || g, $1 FROM generate_series(0, 99) g`, user)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO conversations (id, public_id, owner_id) SELECT 'bench.' || g, 'bench.' || g, $1 FROM generate_series(0, 99) g`, user)
 	require.NoError(b, err)
 	const perTx = 1000
 	for start := 0; start < backlogRows; start += perTx {
@@ -157,7 +157,7 @@ func latencyOnce(b *testing.B, perSecond int, duration time.Duration) {
 
 	_, user, err := schemaUser(ctx, db)
 	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO conversations (id, owner_id) SELECT 'lat.' || g, $1 FROM generate_series(0, 99) g`, user)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO conversations (id, public_id, owner_id) SELECT 'lat.' || g, 'lat.' || g, $1 FROM generate_series(0, 99) g`, user)
 	require.NoError(b, err)
 	// The test cluster runs with synchronous_commit = off, whose commits
 	// reach the WAL sender only when the WAL writer flushes them (every

@@ -55,7 +55,7 @@ func startProducer(t *testing.T, b *bundle, conv string, every time.Duration) *p
 					return err
 				}
 				defer tx.Rollback(ctx)
-				res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{ConversationID: conv, MessageID: fmt.Sprintf("%s-%d", conv, i), Content: "hi"})
+				res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{OwnerID: b.owner, ConversationID: conv, MessageID: fmt.Sprintf("%s-%d", conv, i), Content: "hi"})
 				if err != nil {
 					return err
 				}

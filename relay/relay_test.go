@@ -51,7 +51,7 @@ func TestRelayPublishesEveryRowOnceInCommitOrder(t *testing.T) {
 					}
 					for k := range batch {
 						if _, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{
-							ConversationID: conv, MessageID: fmt.Sprintf("m-%d-%d-%d", p, n, k), Content: "hi",
+							OwnerID: b.owner, ConversationID: conv, MessageID: fmt.Sprintf("m-%d-%d-%d", p, n, k), Content: "hi",
 						}); err != nil {
 							return err
 						}

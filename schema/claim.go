@@ -49,8 +49,12 @@ func TurnID(outboxIDs []int64) string {
 // messages.id makes a second reply for one turn impossible.
 func ReplyMessageID(turnID string) string { return "reply_" + strings.TrimPrefix(turnID, "turn_") }
 
-// ErrorMessageID is the ID of a turn's visible error message.
-func ErrorMessageID(turnID string) string { return "error_" + strings.TrimPrefix(turnID, "turn_") }
+// ErrorMessageID is the ID of the visible error message of the run that
+// gave up. It is the run's, not the turn's: after a user's retry the same
+// rows can fail again, in another run, and that failure is shown too.
+// Only the run that owns the conversation writes it (the write is fenced),
+// and it gives up once.
+func ErrorMessageID(runID string) string { return "error_" + strings.TrimPrefix(runID, "run_") }
 
 // ClaimParams say who claims which conversation for how long.
 type ClaimParams struct {
@@ -64,6 +68,9 @@ type ClaimParams struct {
 	Lease time.Duration
 	// MaxAttempts caps attempts when an expired run is recovered inline.
 	MaxAttempts int
+	// MaxRows caps the rows of one turn, oldest first; the rest stay
+	// pending for the next turn (Claim.More). Zero means no cap.
+	MaxRows int
 }
 
 // Claim is the outcome of ClaimTx.
@@ -84,6 +91,9 @@ type Claim struct {
 	// Recovered is set when an expired run held the conversation and was
 	// recovered inside this claim's transaction.
 	Recovered *Recovery
+	// More is set when pending rows were left for the next turn by
+	// ClaimParams.MaxRows.
+	More bool
 }
 
 // Empty reports whether nothing was claimed: no pending rows.
@@ -104,9 +114,20 @@ func (e *BusyError) Unwrap() error { return ErrConversationBusy }
 // ClaimTx claims a conversation's pending rows for one run, in the caller's
 // transaction: it takes the conversation lease if no live run holds it
 // (recovering an expired holder inline, by the rule of RecoverRunTx), marks
-// every pending row processing with attempts+1 and the run ID, and records
-// the run in agent_runs. The caller commits, also when the claim is Empty
-// (an inline recovery may have changed rows).
+// the pending rows (the oldest MaxRows of them) processing with attempts+1
+// and the run ID, and records the run in agent_runs. The caller commits,
+// also when the claim is Empty (an inline recovery may have changed rows).
+//
+// Visibility: logical decoding can hand the relay a commit before that
+// commit is visible to other sessions, so a trigger may arrive before its
+// outbox row can be seen. The claim's first statement locks the
+// conversation row, which the producer (InsertMessageTx) locks and updates
+// in the transaction that inserts the outbox row: the lock is held until
+// that commit is visible, so the claim waits for it and then sees the row.
+// Every path that announces rows does so in a transaction that changed
+// those rows after they were committed and visible (recovery, the sweeper,
+// a user's retry, all under the same row lock or on rows already
+// committed), so the rule holds for each.
 //
 // A live owner is a *BusyError (errors.Is ErrConversationBusy); a missing
 // conversation is ErrConversationDeleted.
@@ -140,22 +161,33 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 		}
 		c.Recovered = &rec
 	}
+	limit := int64(p.MaxRows)
+	if limit <= 0 {
+		limit = -1
+	}
 	rows, err := tx.Query(ctx, `
-		UPDATE agent_outbox
+		WITH turn AS (
+			SELECT id FROM agent_outbox
+			WHERE conversation_id = $1 AND status = 'pending'
+			ORDER BY id
+			LIMIT CASE WHEN $3::bigint < 0 THEN NULL ELSE $3::bigint + 1 END)
+		UPDATE agent_outbox o
 		SET status = 'processing', attempts = attempts + 1, run_id = $2
-		WHERE conversation_id = $1 AND status = 'pending'
-		RETURNING id, attempts, created_at`, p.ConversationID, p.RunID)
+		FROM (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $3::bigint < 0 THEN NULL ELSE $3::bigint END) t
+		WHERE o.id = t.id
+		RETURNING o.id, o.attempts, o.created_at, (SELECT count(*) FROM turn)`, p.ConversationID, p.RunID, limit)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
 	}
 	for rows.Next() {
-		var id int64
+		var id, pending int64
 		var attempts int
 		var created time.Time
-		if err := rows.Scan(&id, &attempts, &created); err != nil {
+		if err := rows.Scan(&id, &attempts, &created, &pending); err != nil {
 			rows.Close()
 			return Claim{}, err
 		}
+		c.More = limit >= 0 && pending > limit
 		c.OutboxIDs = append(c.OutboxIDs, id)
 		c.Attempts = max(c.Attempts, attempts)
 		if c.FirstCreatedAt.IsZero() || created.Before(c.FirstCreatedAt) {

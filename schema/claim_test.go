@@ -19,6 +19,8 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 type turnBundle struct {
 	db    *testenv.DB
 	owner int64
+	// keys maps the conversations' ids to their keys.
+	keys map[string]string
 }
 
 func setupTurns(t *testing.T) turnBundle {
@@ -26,21 +28,25 @@ func setupTurns(t *testing.T) turnBundle {
 	db := testenv.Database(t)
 	_, u, err := schema.CreateToken(context.Background(), db.Pool, "turns")
 	require.NoError(t, err)
-	return turnBundle{db: db, owner: u.ID}
+	return turnBundle{db: db, owner: u.ID, keys: map[string]string{}}
 }
 
 func (b turnBundle) conversation(t *testing.T, id string) {
 	t.Helper()
-	_, _, err := schema.CreateConversation(context.Background(), b.db.Pool, b.owner, id, "")
+	c, _, err := schema.CreateConversation(context.Background(), b.db.Pool, b.owner, id, "")
 	require.NoError(t, err)
+	b.keys[id] = c.Key
 }
+
+// key is the key of a conversation created by conversation.
+func (b turnBundle) key(id string) string { return b.keys[id] }
 
 func (b turnBundle) send(t *testing.T, conversationID, messageID, content string) int64 {
 	t.Helper()
 	var res schema.InsertResult
 	err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
 		var err error
-		res, err = schema.InsertMessageTx(context.Background(), tx, schema.UserMessage{ConversationID: conversationID, MessageID: messageID, Content: content})
+		res, err = schema.InsertMessageTx(context.Background(), tx, schema.UserMessage{OwnerID: b.owner, ConversationID: conversationID, MessageID: messageID, Content: content})
 		return err
 	})
 	require.NoError(t, err)
@@ -52,7 +58,7 @@ func (b turnBundle) claim(t *testing.T, conversationID, runID string, lease time
 	var c schema.Claim
 	err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
 		var err error
-		c, err = schema.ClaimTx(context.Background(), tx, schema.ClaimParams{ConversationID: conversationID, RunID: runID, Worker: "test", Lease: lease, MaxAttempts: 3})
+		c, err = schema.ClaimTx(context.Background(), tx, schema.ClaimParams{ConversationID: b.key(conversationID), RunID: runID, Worker: "test", Lease: lease, MaxAttempts: 3})
 		return err
 	})
 	return c, err
@@ -71,7 +77,7 @@ func (b turnBundle) finalize(t *testing.T, c schema.Claim, runID string) (schema
 
 func (b turnBundle) statuses(t *testing.T, conversationID string) []string {
 	t.Helper()
-	rows, err := b.db.Pool.Query(context.Background(), `SELECT status FROM agent_outbox WHERE conversation_id = $1 ORDER BY id`, conversationID)
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT status FROM agent_outbox WHERE conversation_id = $1 ORDER BY id`, b.key(conversationID))
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -106,7 +112,7 @@ func TestClaimTakesExactlyThePendingRowsAndTheLease(t *testing.T) {
 	_, err = b.claim(t, "c", "run-2", time.Minute)
 	require.ErrorIs(t, err, schema.ErrConversationBusy, "a live lease keeps a second run out")
 
-	in, err := schema.LoadTurn(ctx, b.db.Pool, "c", c.OutboxIDs, 10)
+	in, err := schema.LoadTurn(ctx, b.db.Pool, b.key("c"), c.OutboxIDs, 10)
 	require.NoError(t, err)
 	require.Len(t, in.Messages, 2, "content is loaded for the claimed rows only")
 	require.Equal(t, "one", in.Messages[0].Content)
@@ -118,18 +124,18 @@ func TestClaimTakesExactlyThePendingRowsAndTheLease(t *testing.T) {
 
 	var runID *string
 	var unread int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT run_id, unread_count FROM conversations WHERE id = 'c'`).Scan(&runID, &unread))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT run_id, unread_count FROM conversations WHERE id = $1`, b.key("c")).Scan(&runID, &unread))
 	require.Nil(t, runID, "finalize releases the conversation")
 	require.Equal(t, 1, unread, "finalize counts the reply as unread")
 
 	c2, err := b.claim(t, "c", "run-2", time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, []int64{id3}, c2.OutboxIDs)
-	in, err = schema.LoadTurn(ctx, b.db.Pool, "c", c2.OutboxIDs, 10)
+	in, err = schema.LoadTurn(ctx, b.db.Pool, b.key("c"), c2.OutboxIDs, 10)
 	require.NoError(t, err)
 	require.Equal(t, []string{"one", "two", "answer"}, contents(in.History), "history is what came before the turn")
 
-	empty, err := b.claim(t, "other-run", "c", time.Minute)
+	empty, err := b.claim(t, "no-such-conversation", "run-3", time.Minute)
 	require.ErrorIs(t, err, schema.ErrConversationDeleted, "an unknown conversation is reported as deleted")
 	require.True(t, empty.Empty())
 }
@@ -156,7 +162,7 @@ func TestFinalizeIsFencedByTheRun(t *testing.T) {
 
 	// The lease expires and recovery hands the rows back: the late
 	// finalize of the first run must not commit.
-	_, err = b.db.Pool.Exec(ctx, `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE id = 'c'`)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, b.key("c"))
 	require.NoError(t, err)
 	var recs []schema.Recovery
 	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
@@ -181,7 +187,8 @@ func TestFinalizeOfADeletedConversationIsACancellation(t *testing.T) {
 	b.send(t, "c", "m1", "one")
 	c, err := b.claim(t, "c", "run-1", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, schema.DeleteConversation(ctx, b.db.Pool, b.owner, "c"))
+	_, err = schema.DeleteConversation(ctx, b.db.Pool, b.owner, "c")
+	require.NoError(t, err)
 	_, err = b.finalize(t, c, "run-1")
 	require.ErrorIs(t, err, schema.ErrConversationDeleted)
 	var n int
@@ -202,7 +209,7 @@ func TestFailedAttemptsRetryUnderTheCapThenFailVisibly(t *testing.T) {
 		require.Equal(t, attempt, c.Attempts)
 		var out schema.FailOutcome
 		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-			out, err = schema.FailAttemptTx(ctx, tx, schema.Failure{ConversationID: "c", RunID: run, TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Reason: "model down", MaxAttempts: 3})
+			out, err = schema.FailAttemptTx(ctx, tx, schema.Failure{ConversationID: b.key("c"), RunID: run, TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Reason: "model down", MaxAttempts: 3})
 			return err
 		}))
 		if attempt < 3 {
@@ -214,10 +221,12 @@ func TestFailedAttemptsRetryUnderTheCapThenFailVisibly(t *testing.T) {
 		require.True(t, out.GaveUp, "the third failure reaches the cap")
 		require.Equal(t, []string{"error"}, b.statuses(t, "c"))
 	}
-	var role, content string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT role, content FROM messages WHERE role <> 'user'`).Scan(&role, &content))
+	var role, content, detail string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT role, content, detail FROM messages WHERE role <> 'user'`).Scan(&role, &content, &detail))
 	require.Equal(t, schema.RoleError, role)
-	require.Contains(t, content, "model down", "the error says why")
+	require.Contains(t, detail, "model down", "the error's detail says why, for the operator")
+	require.NotContains(t, content, "model down", "the user reads a short message, not the cause")
+	require.Contains(t, content, "(Reference: run-3)", "the user's message names the run an operator can look up")
 }
 
 // expire claims the conversation for run and lets its lease expire.
@@ -225,7 +234,7 @@ func (b turnBundle) expire(t *testing.T, conversationID, runID string) schema.Cl
 	t.Helper()
 	c, err := b.claim(t, conversationID, runID, time.Minute)
 	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(context.Background(), `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, conversationID)
+	_, err = b.db.Pool.Exec(context.Background(), `UPDATE conversations SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, b.key(conversationID))
 	require.NoError(t, err)
 	return c
 }
@@ -234,7 +243,7 @@ func (b turnBundle) operation(t *testing.T, conversationID, runID, effect, statu
 	t.Helper()
 	_, err := b.db.Pool.Exec(context.Background(), `
 		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, effect, status)
-		VALUES ($1, $2, gen_random_uuid()::text, $3, $4, $5)`, runID, conversationID, effect+"-tool", effect, status)
+		VALUES ($1, $2, gen_random_uuid()::text, $3, $4, $5)`, runID, b.key(conversationID), effect+"-tool", effect, status)
 	require.NoError(t, err)
 }
 
@@ -276,10 +285,10 @@ func TestRecoveryAppliesTheRuleOfOperations(t *testing.T) {
 	}
 	for i, tc := range cases {
 		conv := fmt.Sprintf("c%d", i)
-		require.Equal(t, tc.outcome, byConv[conv].Outcome, tc.name)
+		require.Equal(t, tc.outcome, byConv[b.key(conv)].Outcome, tc.name)
 		require.Equal(t, []string{tc.status}, b.statuses(t, conv), tc.name)
 		var errors int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'error'`, conv).Scan(&errors))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM messages WHERE conversation_id = $1 AND role = 'error'`, b.key(conv)).Scan(&errors))
 		if tc.outcome == schema.RecoveryFailed {
 			require.Equal(t, 1, errors, "%s: a started write fails visibly", tc.name)
 		} else {
@@ -330,12 +339,13 @@ func TestRenewLeaseReportsLossAndDeletion(t *testing.T) {
 	b.send(t, "c", "m1", "one")
 	c, err := b.claim(t, "c", "run-1", time.Second)
 	require.NoError(t, err)
-	until, err := schema.RenewLease(ctx, b.db.Pool, "c", "run-1", time.Minute)
+	until, err := schema.RenewLease(ctx, b.db.Pool, b.key("c"), "run-1", time.Minute)
 	require.NoError(t, err)
 	require.True(t, until.After(c.LeaseExpiresAt.Add(30*time.Second)))
-	_, err = schema.RenewLease(ctx, b.db.Pool, "c", "run-other", time.Minute)
+	_, err = schema.RenewLease(ctx, b.db.Pool, b.key("c"), "run-other", time.Minute)
 	require.ErrorIs(t, err, schema.ErrLeaseLost)
-	require.NoError(t, schema.DeleteConversation(ctx, b.db.Pool, b.owner, "c"))
-	_, err = schema.RenewLease(ctx, b.db.Pool, "c", "run-1", time.Minute)
+	_, err = schema.DeleteConversation(ctx, b.db.Pool, b.owner, "c")
+	require.NoError(t, err)
+	_, err = schema.RenewLease(ctx, b.db.Pool, b.key("c"), "run-1", time.Minute)
 	require.ErrorIs(t, err, schema.ErrConversationDeleted)
 }

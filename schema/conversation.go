@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -15,8 +16,10 @@ import (
 const MaxIDLength = 200
 
 // ValidateID checks a client-chosen conversation or message ID: 1 to 200
-// characters of valid UTF-8 without control characters. Dots, '*', '>',
-// spaces and non-ASCII letters are allowed.
+// characters of valid UTF-8 without control characters and without
+// leading or trailing whitespace (which does not survive NATS headers and
+// is never what a user meant). Dots, '*', '>', inner spaces and non-ASCII
+// letters are allowed.
 func ValidateID(kind, id string) error {
 	if id == "" {
 		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
@@ -32,7 +35,18 @@ func ValidateID(kind, id string) error {
 			return fmt.Errorf("%s id contains the control character %U: use printable characters only", kind, r)
 		}
 	}
+	first, _ := utf8.DecodeRuneInString(id)
+	last, _ := utf8.DecodeLastRuneInString(id)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return fmt.Errorf("%s id %q starts or ends with whitespace: remove it", kind, id)
+	}
 	return nil
+}
+
+// newKey returns a key that no client chooses, for a conversation ("c_")
+// or a message ("m_"): time-ordered, ASCII, one valid NATS subject token.
+func newKey(prefix string) string {
+	return prefix + uuid.Must(uuid.NewV7()).String()
 }
 
 // TurnState is the state of a conversation's work, derived from its outbox
@@ -46,9 +60,12 @@ const (
 	TurnFailed     TurnState = "failed"
 )
 
-// Conversation is one conversation with its metadata.
+// Conversation is one conversation with its metadata. ID is the owner's
+// id for it; Key is the server's, unique across owners, and the one every
+// table, subject and stream uses. Clients never see Key.
 type Conversation struct {
 	ID            string     `json:"id"`
+	Key           string     `json:"-"`
 	Title         string     `json:"title"`
 	CreatedAt     time.Time  `json:"created_at"`
 	UpdatedAt     time.Time  `json:"updated_at"`
@@ -57,26 +74,26 @@ type Conversation struct {
 	TurnState     TurnState  `json:"turn_state"`
 }
 
-// CreateConversation creates a conversation owned by ownerID. Creating an
-// existing conversation of the same owner again is not an error (created is
-// false); an ID taken by another owner is ErrConflict.
+// CreateConversation creates a conversation owned by ownerID under the
+// owner's id for it. Creating an existing conversation of the same owner
+// again is not an error (created is false). Ids are per owner: another
+// owner's conversation of the same id is a different conversation.
 func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
 	if err := ValidateID("conversation", id); err != nil {
 		return Conversation{}, false, err
 	}
-	tag, err := db.Exec(ctx, `INSERT INTO conversations (id, owner_id, title) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING`, id, ownerID, title)
+	tag, err := db.Exec(ctx, `
+		INSERT INTO conversations (id, public_id, owner_id, title) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (owner_id, public_id) DO NOTHING`, newKey("c_"), id, ownerID, title)
 	if err != nil {
 		return Conversation{}, false, fmt.Errorf("create conversation: %w", err)
 	}
 	c, err = GetConversation(ctx, db, ownerID, id)
-	if errors.Is(err, ErrNotFound) {
-		return Conversation{}, false, fmt.Errorf("%w: conversation id %q is already in use; choose another id", ErrConflict, id)
-	}
 	return c, tag.RowsAffected() == 1, err
 }
 
 const conversationColumns = `
-	c.id, c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
+	c.public_id, c.id, c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
 	CASE
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending') THEN 'pending'
@@ -87,19 +104,38 @@ const conversationColumns = `
 func scanConversation(row pgx.Row) (Conversation, error) {
 	var c Conversation
 	var state string
-	err := row.Scan(&c.ID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
+	err := row.Scan(&c.ID, &c.Key, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
 	c.TurnState = TurnState(state)
 	return c, err
 }
 
-// GetConversation returns a conversation of ownerID, or ErrNotFound (also
-// when it belongs to someone else).
+// GetConversation returns ownerID's conversation of the given id, or
+// ErrNotFound: the same whether no conversation has that id or another
+// owner's has.
 func GetConversation(ctx context.Context, db Executor, ownerID int64, id string) (Conversation, error) {
-	c, err := scanConversation(db.QueryRow(ctx, `SELECT `+conversationColumns+` FROM conversations c WHERE c.id = $1 AND c.owner_id = $2`, id, ownerID))
+	c, err := scanConversation(db.QueryRow(ctx, `SELECT `+conversationColumns+` FROM conversations c WHERE c.owner_id = $1 AND c.public_id = $2`, ownerID, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Conversation{}, ErrNotFound
 	}
 	return c, err
+}
+
+// ConversationByKey returns the conversation with the given key if ownerID
+// still owns it, or ErrNotFound: a live stream checks again that what it
+// follows still exists and is still its user's.
+func ConversationByKey(ctx context.Context, db Executor, ownerID int64, key string) (Conversation, error) {
+	c, err := scanConversation(db.QueryRow(ctx, `SELECT `+conversationColumns+` FROM conversations c WHERE c.id = $1 AND c.owner_id = $2`, key, ownerID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Conversation{}, ErrNotFound
+	}
+	return c, err
+}
+
+// CountConversations returns how many conversations ownerID has.
+func CountConversations(ctx context.Context, db Executor, ownerID int64) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM conversations WHERE owner_id = $1`, ownerID).Scan(&n)
+	return n, err
 }
 
 // ListConversations returns ownerID's conversations, most recently updated
@@ -121,23 +157,21 @@ func ListConversations(ctx context.Context, db Executor, ownerID int64, limit in
 	return out, rows.Err()
 }
 
-// DeleteConversation deletes a conversation of ownerID with its messages,
-// outbox rows, runs and operations (ON DELETE CASCADE). A turn running at
-// that moment fails its finalize on the foreign key and is cancelled.
-func DeleteConversation(ctx context.Context, db Executor, ownerID int64, id string) error {
-	tag, err := db.Exec(ctx, `DELETE FROM conversations WHERE id = $1 AND owner_id = $2`, id, ownerID)
-	if err != nil {
-		return err
+// DeleteConversation deletes ownerID's conversation of the given id with
+// its messages, outbox rows, runs and operations (ON DELETE CASCADE), and
+// returns its key. A turn running at that moment fails its finalize on the
+// foreign key and is cancelled.
+func DeleteConversation(ctx context.Context, db Executor, ownerID int64, id string) (key string, err error) {
+	err = db.QueryRow(ctx, `DELETE FROM conversations WHERE owner_id = $1 AND public_id = $2 RETURNING id`, ownerID, id).Scan(&key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
 	}
-	if tag.RowsAffected() == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return key, err
 }
 
 // MarkRead resets the unread count of a conversation.
 func MarkRead(ctx context.Context, db Executor, ownerID int64, id string) error {
-	tag, err := db.Exec(ctx, `UPDATE conversations SET unread_count = 0 WHERE id = $1 AND owner_id = $2`, id, ownerID)
+	tag, err := db.Exec(ctx, `UPDATE conversations SET unread_count = 0 WHERE owner_id = $1 AND public_id = $2`, ownerID, id)
 	if err != nil {
 		return err
 	}

@@ -107,9 +107,14 @@ type Failure struct {
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
-	// Reason is recorded on the run, and shown to the user when the turn
-	// gives up.
+	// Reason is the operator's account of the failure: recorded on the
+	// run, and as the error message's detail when the turn gives up. It
+	// may name settings and servers, so the user never sees it.
 	Reason string
+	// UserText, when set, is a short explanation for the user of why the
+	// turn failed (it must name no setting, server or secret). Defaults to
+	// none: the user reads that the assistant could not answer.
+	UserText string
 	// MaxAttempts caps automatic attempts.
 	MaxAttempts int
 	// Terminal gives up at once, whatever the attempts: a side effect has
@@ -147,7 +152,8 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 		// A write started in this attempt, and may have taken effect even
 		// if it reported a failure: another attempt could repeat it.
 		f.Terminal = true
-		f.Reason = fmt.Sprintf("The assistant failed after starting the action %q, which may have taken effect; it was not repeated (%s). Check its result, then press Retry or send your message again if needed.", writes[0], f.Reason)
+		f.UserText = startedWriteText(writes[0])
+		f.Reason = fmt.Sprintf("failed after starting the write %q, which was not repeated: %s", writes[0], f.Reason)
 	}
 	if !f.Terminal && out.Attempts < f.MaxAttempts {
 		if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "pending", false); err != nil {
@@ -162,20 +168,17 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 		return out, nil
 	}
 	out.GaveUp = true
-	out.ErrorMessageID = ErrorMessageID(f.TurnID)
-	content := f.Reason
-	if !f.Terminal {
-		content = fmt.Sprintf("The assistant could not answer after %d attempts: %s. Press Retry or send your message again.", out.Attempts, f.Reason)
-	}
+	out.ErrorMessageID = ErrorMessageID(f.RunID)
+	content := failureText(f, out.Attempts)
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content, run_id, turn_id)
-		VALUES ($1, $2, 'error', $3, $4, $5)`,
-		out.ErrorMessageID, f.ConversationID, content, f.RunID, f.TurnID); err != nil {
+		INSERT INTO messages (id, conversation_id, role, content, detail, run_id, turn_id)
+		VALUES ($1, $2, 'error', $3, $4, $5, $6)`,
+		out.ErrorMessageID, f.ConversationID, content, f.Reason, f.RunID, f.TurnID); err != nil {
 		switch {
 		case IsForeignKeyViolation(err):
 			return out, ErrConversationDeleted
 		case IsUniqueViolation(err):
-			return out, fmt.Errorf("%w: turn %s already has its error", ErrLeaseLost, f.TurnID)
+			return out, fmt.Errorf("%w: run %s already has its error", ErrLeaseLost, f.RunID)
 		}
 		return out, fmt.Errorf("fail attempt: insert error message: %w", err)
 	}
@@ -191,4 +194,26 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 		return out, fmt.Errorf("fail attempt: record run: %w", err)
 	}
 	return out, nil
+}
+
+// startedWriteText tells the user that an action may have happened and was
+// not repeated.
+func startedWriteText(tool string) string {
+	return fmt.Sprintf("The assistant stopped after starting the action %q, which may have taken effect; it was not repeated. Check its result, then press Retry or send your message again if needed.", tool)
+}
+
+// failureText is what the user reads about a turn that gave up: short,
+// with the run as a reference an operator can look up (the run's error,
+// the error message's detail, the logs), and nothing of the cause that
+// could name a setting, a server or a secret.
+func failureText(f Failure, attempts int) string {
+	text := f.UserText
+	switch {
+	case text != "":
+	case f.Terminal:
+		text = "The assistant could not answer this message. Press Retry or send your message again."
+	default:
+		text = fmt.Sprintf("The assistant could not answer after %d attempts. Press Retry or send your message again.", attempts)
+	}
+	return text + " (Reference: " + f.RunID + ")"
 }

@@ -17,7 +17,10 @@ const (
 	RoleError = "error"
 )
 
-// Message is one message of a conversation.
+// Message is one message of a conversation. To clients, ID is a user
+// message's own id (its public id) and the server's id of a reply or an
+// error, and ConversationID is the owner's id of the conversation; inside
+// a turn (LoadTurn) both are the server's keys.
 type Message struct {
 	ID             string    `json:"id"`
 	ConversationID string    `json:"conversation_id"`
@@ -27,14 +30,17 @@ type Message struct {
 	// Status is the outbox status of a user message (pending, processing,
 	// done, error); nil for other roles.
 	Status *string `json:"status,omitempty"`
-	// Seq orders the messages of a conversation.
+	// Seq orders the messages of a conversation; it is also the cursor of
+	// ListMessages.
 	Seq int64 `json:"seq"`
 }
 
-// UserMessage is what a producer writes: a client-chosen message ID, the
-// conversation it belongs to, and its content. Nothing else: a client never
-// chooses statuses, attempts or outbox fields.
+// UserMessage is what a producer writes: whose it is, the owner's ids of
+// the conversation and of the message (chosen by the client), and the
+// content. Nothing else: a client never chooses statuses, attempts or
+// outbox fields.
 type UserMessage struct {
+	OwnerID        int64
 	ConversationID string
 	MessageID      string
 	Content        string
@@ -42,7 +48,12 @@ type UserMessage struct {
 
 // InsertResult says what InsertMessageTx did.
 type InsertResult struct {
+	// Message is the stored message as its owner sees it.
 	Message Message
+	// ConversationKey and MessageKey are the server's keys of the
+	// conversation and the message.
+	ConversationKey string
+	MessageKey      string
 	// OutboxID is the outbox row of the message.
 	OutboxID int64
 	// Existed is true when the message had been stored before (a client
@@ -52,10 +63,16 @@ type InsertResult struct {
 
 // InsertMessageTx stores a user message and its outbox row in the caller's
 // transaction, and touches the conversation's ordering and unread metadata
-// in it too. The message ID is the idempotency key: calling it again with
-// the same ID and content writes nothing and reports Existed; the same ID
-// with other content, or in another conversation, is ErrConflict. An unknown
-// conversation is ErrNotFound.
+// in it too. The owner's message id is the idempotency key: calling it
+// again with the same id and content writes nothing and reports Existed;
+// the same id with other content, or in another of the owner's
+// conversations, is ErrConflict. A conversation the owner does not have is
+// ErrNotFound.
+//
+// The conversation row is locked first and updated last, in the same
+// transaction as the outbox row: a worker's claim, which locks that row,
+// cannot see the outbox row before this transaction's commit is visible to
+// it (see ClaimTx).
 //
 // The caller commits: the message and its outbox row become visible
 // together, or not at all.
@@ -67,12 +84,22 @@ func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertRes
 		return InsertResult{}, err
 	}
 	var res InsertResult
-	res.Message = Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}
 	err := tx.QueryRow(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content)
-		VALUES ($1, $2, 'user', $3)
-		ON CONFLICT (id) DO NOTHING
-		RETURNING seq, created_at`, m.MessageID, m.ConversationID, m.Content).Scan(&res.Message.Seq, &res.Message.CreatedAt)
+		SELECT id FROM conversations WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`,
+		m.OwnerID, m.ConversationID).Scan(&res.ConversationKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return InsertResult{}, fmt.Errorf("%w: conversation %q does not exist", ErrNotFound, m.ConversationID)
+	}
+	if err != nil {
+		return InsertResult{}, fmt.Errorf("lock conversation: %w", err)
+	}
+	res.Message = Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}
+	err = tx.QueryRow(ctx, `
+		INSERT INTO messages (id, public_id, owner_id, conversation_id, role, content)
+		VALUES ($1, $2, $3, $4, 'user', $5)
+		ON CONFLICT (owner_id, public_id) WHERE public_id IS NOT NULL DO NOTHING
+		RETURNING id, seq, created_at`, newKey("m_"), m.MessageID, m.OwnerID, res.ConversationKey, m.Content).
+		Scan(&res.MessageKey, &res.Message.Seq, &res.Message.CreatedAt)
 	switch {
 	case err == nil:
 		// Inserted: the outbox row and the conversation metadata follow in
@@ -86,13 +113,13 @@ func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertRes
 	}
 	if err := tx.QueryRow(ctx, `
 		INSERT INTO agent_outbox (conversation_id, message_id) VALUES ($1, $2)
-		RETURNING id`, m.ConversationID, m.MessageID).Scan(&res.OutboxID); err != nil {
+		RETURNING id`, res.ConversationKey, res.MessageKey).Scan(&res.OutboxID); err != nil {
 		return InsertResult{}, fmt.Errorf("insert outbox row: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `
 		UPDATE conversations
 		SET updated_at = now(), last_message_at = now()
-		WHERE id = $1`, m.ConversationID); err != nil {
+		WHERE id = $1`, res.ConversationKey); err != nil {
 		return InsertResult{}, fmt.Errorf("touch conversation: %w", err)
 	}
 	status := "pending"
@@ -105,11 +132,13 @@ func existingMessage(ctx context.Context, tx Executor, m UserMessage) (InsertRes
 	var res InsertResult
 	var status *string
 	var outboxID *int64
+	var conversationID string
 	err := tx.QueryRow(ctx, `
-		SELECT m.conversation_id, m.role, m.content, m.seq, m.created_at, o.id, o.status
-		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.id = $1`, m.MessageID).Scan(
-		&res.Message.ConversationID, &res.Message.Role, &res.Message.Content,
+		SELECT m.id, m.conversation_id, c.public_id, m.content, m.seq, m.created_at, o.id, o.status
+		FROM messages m JOIN conversations c ON c.id = m.conversation_id
+		LEFT JOIN agent_outbox o ON o.message_id = m.id
+		WHERE m.owner_id = $1 AND m.public_id = $2`, m.OwnerID, m.MessageID).Scan(
+		&res.MessageKey, &res.ConversationKey, &conversationID, &res.Message.Content,
 		&res.Message.Seq, &res.Message.CreatedAt, &outboxID, &status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Deleted between the insert attempt and this read, with its
@@ -120,36 +149,48 @@ func existingMessage(ctx context.Context, tx Executor, m UserMessage) (InsertRes
 		return InsertResult{}, fmt.Errorf("read existing message: %w", err)
 	}
 	res.Message.ID = m.MessageID
+	res.Message.ConversationID = conversationID
+	res.Message.Role = RoleUser
 	res.Message.Status = status
 	if outboxID != nil {
 		res.OutboxID = *outboxID
 	}
-	if res.Message.ConversationID != m.ConversationID || res.Message.Role != RoleUser || res.Message.Content != m.Content {
+	if conversationID != m.ConversationID || res.Message.Content != m.Content {
 		return InsertResult{}, fmt.Errorf("%w: message id %q was already used for different content; use a new id for a new message", ErrConflict, m.MessageID)
 	}
 	res.Existed = true
 	return res, nil
 }
 
-// ListMessages returns the messages of ownerID's conversation, oldest
-// first, each user message with its outbox status.
-func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string) ([]Message, error) {
-	if _, err := GetConversation(ctx, db, ownerID, conversationID); err != nil {
+// Defaults and bounds of a page of ListMessages.
+const (
+	DefaultMessagePage = 100
+	MaxMessagePage     = 1000
+)
+
+// ListMessages returns up to limit messages of ownerID's conversation with
+// the given id, oldest first, after the message whose Seq is after (0 for
+// the start), each user message with its outbox status. The last
+// message's Seq is the cursor of the next page.
+func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after int64, limit int) ([]Message, error) {
+	c, err := GetConversation(ctx, db, ownerID, conversationID)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq, o.status
+		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq, o.status
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.conversation_id = $1
-		ORDER BY m.seq`, conversationID)
+		WHERE m.conversation_id = $1 AND m.seq > $2
+		ORDER BY m.seq
+		LIMIT $3`, c.Key, after, limit)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	out := []Message{}
 	for rows.Next() {
-		var msg Message
-		if err := rows.Scan(&msg.ID, &msg.ConversationID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status); err != nil {
+		msg := Message{ConversationID: conversationID}
+		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status); err != nil {
 			return nil, err
 		}
 		out = append(out, msg)

@@ -139,9 +139,11 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 		r.RetryIDs = outboxIDs
 		return r, nil
 	}
-	reason := fmt.Sprintf("The assistant stopped after %d attempts without an answer. Press Retry or send your message again.", attempts)
+	reason := fmt.Sprintf("lease expired at attempt %d, the cap: the worker stopped (crashed, killed or cut off) without an answer every time", attempts)
+	userText := fmt.Sprintf("The assistant stopped after %d attempts without an answer. Press Retry or send your message again.", attempts)
 	if len(writes) > 0 {
-		reason = fmt.Sprintf("The assistant was interrupted after starting the action %q, which may have taken effect; it was not repeated. Check its result, then press Retry or send your message again if needed.", writes[0])
+		reason = fmt.Sprintf("lease expired after the run started the write %q, which was not repeated", writes[0])
+		userText = startedWriteText(writes[0])
 	}
 	out, err := FailAttemptTx(ctx, tx, Failure{
 		ConversationID: conversationID,
@@ -149,6 +151,7 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 		TurnID:         r.TurnID,
 		OutboxIDs:      outboxIDs,
 		Reason:         reason,
+		UserText:       userText,
 		MaxAttempts:    maxAttempts,
 		Terminal:       true,
 	})

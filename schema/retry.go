@@ -2,34 +2,115 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// RetryFailedTx puts a conversation's failed outbox rows back to pending
-// with a fresh attempt budget, at the user's request, and returns their
-// IDs. The visible error messages stay in the conversation: nothing about
-// the failure is deleted. The caller announces the rows in the same
-// transaction (relay.AnnounceTx).
-func RetryFailedTx(ctx context.Context, tx Executor, ownerID int64, conversationID string) ([]int64, error) {
-	if _, err := GetConversation(ctx, tx, ownerID, conversationID); err != nil {
-		return nil, err
+// ErrQuota is what every QuotaError wraps.
+var ErrQuota = errors.New("quota used up")
+
+// QuotaError says that a user's quota is used up and when it frees up.
+type QuotaError struct {
+	// What is used up, for people: "retries of this conversation".
+	What  string
+	Limit int
+	// Per is the quota's window; zero for a quota that frees up only when
+	// something is deleted.
+	Per time.Duration
+	// RetryAfter is how long until the next use is allowed; zero when it
+	// is not a matter of time.
+	RetryAfter time.Duration
+}
+
+func (e *QuotaError) Error() string {
+	if e.Per > 0 {
+		return fmt.Sprintf("%s are limited to %d per %s", e.What, e.Limit, e.Per)
+	}
+	return fmt.Sprintf("%s are limited to %d", e.What, e.Limit)
+}
+
+func (e *QuotaError) Unwrap() error { return ErrQuota }
+
+// retryWindow is the period over which a conversation's retries count.
+const retryWindow = time.Hour
+
+// RetryResult says what RetryFailedTx did.
+type RetryResult struct {
+	// ConversationKey is the server's key of the conversation.
+	ConversationKey string
+	// OutboxIDs are the rows back in pending, for the caller to announce.
+	OutboxIDs []int64
+}
+
+// RetryFailedTx puts the failed outbox rows of ownerID's conversation back
+// to pending with a fresh attempt budget, at the user's request. The
+// visible error messages stay: nothing about the failure is deleted. The
+// caller announces the rows in the same transaction (AnnounceTx).
+//
+// A retry gives the model a new round of attempts, so a conversation's
+// retries are limited to maxPerHour in any hour: past it, a *QuotaError
+// says when the next one is allowed. A retry with nothing to retry does
+// not count. maxPerHour < 1 means no limit.
+func RetryFailedTx(ctx context.Context, tx Executor, ownerID int64, conversationID string, maxPerHour int) (RetryResult, error) {
+	var res RetryResult
+	var windowStart *time.Time
+	var used int
+	var now time.Time
+	err := tx.QueryRow(ctx, `
+		SELECT id, retry_window_started_at, retries_in_window, now() FROM conversations
+		WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`, ownerID, conversationID).Scan(&res.ConversationKey, &windowStart, &used, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, ErrNotFound
+	}
+	if err != nil {
+		return res, fmt.Errorf("retry failed rows: %w", err)
+	}
+	if windowStart == nil || now.Sub(*windowStart) >= retryWindow {
+		windowStart, used = &now, 0
+	}
+	if maxPerHour > 0 && used >= maxPerHour {
+		return res, &QuotaError{What: "retries of a conversation", Limit: maxPerHour, Per: retryWindow,
+			RetryAfter: windowStart.Add(retryWindow).Sub(now)}
 	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox
 		SET status = 'pending', attempts = 0, processed_at = NULL, run_id = NULL, announced_at = now()
 		WHERE conversation_id = $1 AND status = 'error'
-		RETURNING id`, conversationID)
+		RETURNING id`, res.ConversationKey)
 	if err != nil {
-		return nil, fmt.Errorf("retry failed rows: %w", err)
+		return res, fmt.Errorf("retry failed rows: %w", err)
 	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
+	res.OutboxIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(res.OutboxIDs) == 0 {
+		return res, err
 	}
-	return ids, rows.Err()
+	if _, err := tx.Exec(ctx, `
+		UPDATE conversations SET retry_window_started_at = $2, retries_in_window = $3 WHERE id = $1`,
+		res.ConversationKey, *windowStart, used+1); err != nil {
+		return res, fmt.Errorf("count retry: %w", err)
+	}
+	return res, nil
+}
+
+// CheckConversationQuotaTx locks ownerID's user row, so that concurrent
+// creations of one user wait on each other, and returns a *QuotaError when
+// the user already has max conversations. max < 1 means no limit. The
+// caller creates the conversation in the same transaction.
+func CheckConversationQuotaTx(ctx context.Context, tx Executor, ownerID int64, max int) error {
+	if max < 1 {
+		return nil
+	}
+	var n int
+	err := tx.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM conversations WHERE owner_id = u.id) FROM users u WHERE u.id = $1 FOR UPDATE`, ownerID).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("count conversations: %w", err)
+	}
+	if n >= max {
+		return &QuotaError{What: "conversations of a user", Limit: max}
+	}
+	return nil
 }

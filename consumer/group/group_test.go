@@ -178,14 +178,14 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	b := setup(t)
 	createEffects(t, b)
 	b.RelayStreaming()
-	b.Conversation("poison")
+	poison := b.Conversation("poison")
 	b.Conversation("fine")
 
 	var fixed atomic.Bool
 	var poisonCalls atomic.Int64
 	settled := make(chan Outcome, 100)
 	cfg := b.groupConfig("fragile", func(ctx context.Context, tx pgx.Tx, ev Event) error {
-		if ev.ConversationID == "poison" && !fixed.Load() {
+		if ev.ConversationID == poison && !fixed.Load() {
 			poisonCalls.Add(1)
 			return fmt.Errorf("cannot handle attempt %d", ev.Attempt)
 		}
@@ -193,7 +193,7 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	})
 	cfg.MaxAttempts = 3
 	cfg.OnSettled = func(ev Event, o Outcome) {
-		if ev.ConversationID == "poison" {
+		if ev.ConversationID == poison {
 			settled <- o
 		}
 	}

@@ -21,6 +21,8 @@ import (
 // the receiver must recognize that delivery as a duplicate.
 type receiver struct {
 	secret string
+	// rejected is the key of the conversation whose events it refuses.
+	rejected string
 
 	mu         sync.Mutex
 	requests   map[string]int
@@ -44,7 +46,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
 	}
-	if p.ConversationID == "rejected" {
+	if p.ConversationID == rc.rejected {
 		http.Error(w, "this receiver does not take that conversation", http.StatusUnprocessableEntity)
 		return
 	}
@@ -74,7 +76,7 @@ func TestWebhookReceiverFailingTwiceGetsEverySignedEventAndAppliesNoneTwice(t *t
 	t.Parallel()
 	b := setup(t)
 	b.RelayStreaming()
-	rc := &receiver{secret: "s3cret", requests: map[string]int{}, applied: map[string]int{}, bodies: map[string]WebhookPayload{}}
+	rc := &receiver{secret: "s3cret", rejected: b.Conversation("rejected"), requests: map[string]int{}, applied: map[string]int{}, bodies: map[string]WebhookPayload{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
 
@@ -85,7 +87,6 @@ func TestWebhookReceiverFailingTwiceGetsEverySignedEventAndAppliesNoneTwice(t *t
 
 	const events = 30
 	ids := b.SendMany(events, 5, "hook")
-	b.Conversation("rejected")
 	rejected := b.Send("rejected", "r1", "no")
 
 	b.Eventually(60*time.Second, func() bool {

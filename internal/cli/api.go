@@ -20,6 +20,7 @@ import (
 type httpOptions struct {
 	HTTPAddr        string `name:"http-addr" env:"BATON_HTTP_ADDR" help:"Address the HTTP API listens on." default:"${http_addr}"`
 	MaxContentBytes int    `name:"max-content-bytes" env:"BATON_MAX_CONTENT_BYTES" help:"Largest message content accepted, in bytes (larger gets 413)." default:"65536"`
+	quotaFlags      `embed:""`
 	limitFlags      `embed:""`
 }
 
@@ -99,6 +100,8 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		Events:          batonnats.EventsConfig{Replicas: c.Replicas},
 		Pool:            pool,
 		MaxContentBytes: c.MaxContentBytes,
+		Quotas:          c.apiQuotas(),
+		StreamRecheck:   c.StreamRecheck,
 		Log:             log,
 		Registerer:      prometheus.DefaultRegisterer,
 	}))

@@ -131,6 +131,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := api.New(c.withLimits(api.Config{
 		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
+		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck,
 		Registerer: reg, JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
 	}))
 	if err != nil {

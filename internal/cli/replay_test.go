@@ -108,7 +108,7 @@ func (o *outbox) send(prefix string, n int) []int64 {
 		}
 		for i := range n {
 			res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{
-				ConversationID: fmt.Sprintf("%s-%d", prefix, i%5), MessageID: fmt.Sprintf("%s-m%d", prefix, i), Content: "hi",
+				OwnerID: o.owner, ConversationID: fmt.Sprintf("%s-%d", prefix, i%5), MessageID: fmt.Sprintf("%s-m%d", prefix, i), Content: "hi",
 			})
 			if err != nil {
 				return err

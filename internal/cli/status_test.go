@@ -37,7 +37,7 @@ func TestStatusReportsInactiveSlotWithLagAndExitsNonZero(t *testing.T) {
 	_, _, err = schema.CreateConversation(ctx, db.Pool, u.ID, "c1", "")
 	require.NoError(t, err)
 	for i := range 50 {
-		_, err = schema.InsertMessageTx(ctx, db.Pool, schema.UserMessage{ConversationID: "c1", MessageID: fmt.Sprint("m", i), Content: strings.Repeat("x", 1000)})
+		_, err = schema.InsertMessageTx(ctx, db.Pool, schema.UserMessage{OwnerID: u.ID, ConversationID: "c1", MessageID: fmt.Sprint("m", i), Content: strings.Repeat("x", 1000)})
 		require.NoError(t, err)
 	}
 

@@ -22,18 +22,20 @@ type workerCmd struct {
 	config.NATS     `embed:""`
 	config.Stream   `embed:""`
 
-	Consumer    string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
-	Agent       string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), or openai (a model server speaking the OpenAI chat completions API)."`
-	Debounce    time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
-	MaxAttempts int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
-	Lease       time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
-	AckWait     time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" setting:"Consumer.AckWait" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger. Defaults to the lease."`
-	MaxDeliver  int             `name:"max-deliver" env:"BATON_MAX_DELIVER" setting:"Consumer.MaxDeliver" help:"Deliveries of one trigger before JetStream drops it; -1 is unlimited (attempts are capped in PostgreSQL). Defaults to ${max_deliver}."`
-	BackOff     []time.Duration `name:"backoff" env:"BATON_BACKOFF" sep:"," setting:"Consumer.BackOff" help:"Ack waits of successive redeliveries, such as 30s,1m,5m; the first must equal the ack wait. Defaults to none (the ack wait every time)."`
-	Concurrency int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
-	MetricsAddr string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
-	modelFlags  `embed:""`
-	echoFlags   `embed:""`
+	Consumer        string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
+	Agent           string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), or openai (a model server speaking the OpenAI chat completions API)."`
+	Debounce        time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
+	MaxAttempts     int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
+	Lease           time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
+	AckWait         time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" setting:"Consumer.AckWait" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger. Defaults to the lease."`
+	MaxDeliver      int             `name:"max-deliver" env:"BATON_MAX_DELIVER" setting:"Consumer.MaxDeliver" help:"Deliveries of one trigger before JetStream drops it; -1 is unlimited (attempts are capped in PostgreSQL). Defaults to ${max_deliver}."`
+	BackOff         []time.Duration `name:"backoff" env:"BATON_BACKOFF" sep:"," setting:"Consumer.BackOff" help:"Ack waits of successive redeliveries, such as 30s,1m,5m; the first must equal the ack wait. Defaults to none (the ack wait every time)."`
+	Concurrency     int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
+	MaxTurnMessages int             `name:"max-turn-messages" env:"BATON_MAX_TURN_MESSAGES" setting:"MaxTurnMessages" help:"Pending messages one turn answers at most, oldest first; the rest are the next turns'. Defaults to ${max_turn_messages}."`
+	TurnTimeout     time.Duration   `name:"turn-timeout" env:"BATON_TURN_TIMEOUT" setting:"TurnTimeout" help:"Wall-clock deadline of a turn; past it the attempt fails and is retried, then shown as failed. Defaults to ${turn_timeout}."`
+	MetricsAddr     string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
+	modelFlags      `embed:""`
+	echoFlags       `embed:""`
 }
 
 // echoFlags configure --agent echo.
@@ -78,14 +80,16 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 			MaxDeliver:  c.MaxDeliver,
 			BackOff:     c.BackOff,
 		},
-		Agent:       consumer.Echo{Directives: c.EchoDirectives},
-		Debounce:    debounce,
-		MaxAttempts: c.MaxAttempts,
-		Lease:       c.Lease,
-		Concurrency: c.Concurrency,
-		CrashAt:     crashAt,
-		Logger:      &log,
-		Registerer:  reg,
+		Agent:           consumer.Echo{Directives: c.EchoDirectives},
+		Debounce:        debounce,
+		MaxAttempts:     c.MaxAttempts,
+		Lease:           c.Lease,
+		Concurrency:     c.Concurrency,
+		MaxTurnMessages: c.MaxTurnMessages,
+		TurnTimeout:     c.TurnTimeout,
+		CrashAt:         crashAt,
+		Logger:          &log,
+		Registerer:      reg,
 	}
 	var agentCfg *agent.Config
 	if c.Agent == "openai" {

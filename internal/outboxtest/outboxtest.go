@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,9 @@ type Bundle struct {
 	Stream batonnats.StreamConfig
 	// Owner is the user that owns the conversations the bundle creates.
 	Owner int64
+
+	mu   sync.Mutex
+	keys map[string]string
 }
 
 // Setup starts a database, a NATS server with the outbox stream (four
@@ -74,14 +78,36 @@ func Setup(t testing.TB) *Bundle {
 	return b
 }
 
-// Conversation creates a conversation of the bundle's user.
-func (b *Bundle) Conversation(id string) {
+// Conversation creates a conversation of the bundle's user with the given
+// id, and returns its key (what agent_outbox.conversation_id, runs and
+// subjects hold).
+func (b *Bundle) Conversation(id string) string {
 	b.T.Helper()
-	_, _, err := schema.CreateConversation(context.Background(), b.DB.Pool, b.Owner, id, "")
+	c, _, err := schema.CreateConversation(context.Background(), b.DB.Pool, b.Owner, id, "")
 	require.NoError(b.T, err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil {
+		b.keys = map[string]string{}
+	}
+	b.keys[id] = c.Key
+	return c.Key
 }
 
-// Send commits one user message and its outbox row, and returns the row.
+// Key returns the key of a conversation the bundle created.
+func (b *Bundle) Key(id string) string {
+	b.T.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	key, ok := b.keys[id]
+	if !ok {
+		b.T.Fatalf("outboxtest: no conversation %q was created", id)
+	}
+	return key
+}
+
+// Send commits one user message of the bundle's user and its outbox row,
+// and returns the row.
 func (b *Bundle) Send(conversationID, messageID, content string) int64 {
 	b.T.Helper()
 	var res schema.InsertResult
@@ -94,7 +120,7 @@ func (b *Bundle) Send(conversationID, messageID, content string) int64 {
 			return err
 		}
 		var err error
-		res, err = schema.InsertMessageTx(context.Background(), tx, schema.UserMessage{ConversationID: conversationID, MessageID: messageID, Content: content})
+		res, err = schema.InsertMessageTx(context.Background(), tx, schema.UserMessage{OwnerID: b.Owner, ConversationID: conversationID, MessageID: messageID, Content: content})
 		return err
 	})
 	require.NoError(b.T, err)
@@ -118,6 +144,7 @@ func (b *Bundle) SendMany(n, conversations int, prefix string) []int64 {
 			}
 			for i := lo; i < min(lo+250, n); i++ {
 				res, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{
+					OwnerID:        b.Owner,
 					ConversationID: fmt.Sprintf("%s.%d", prefix, i%conversations),
 					MessageID:      fmt.Sprintf("%s-m%d", prefix, i),
 					Content:        "hello",

@@ -1,0 +1,202 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
+)
+
+// liveBundle is the API with NATS for live events, and two users.
+func liveBundle(t *testing.T) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	require.NoError(t, err)
+	alice, a, err := schema.CreateToken(ctx, db.Pool, "alice")
+	require.NoError(t, err)
+	bob, _, err := schema.CreateToken(ctx, db.Pool, "bob")
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+	return &bundle{pool: db.Pool, srv: hs, alice: alice, bob: bob, aliceID: a.ID, client: hs.Client()}
+}
+
+// nextEvent returns the next conversation event of s, skipping "ready".
+func nextEvent(t *testing.T, s *sseStream) (sseEvent, batonnats.ConversationEvent) {
+	t.Helper()
+	for {
+		ev := s.next(t)
+		if ev.Event == "ready" {
+			continue
+		}
+		var ce batonnats.ConversationEvent
+		if ev.Event == "" {
+			require.NoError(t, json.Unmarshal([]byte(ev.Data), &ce))
+		}
+		return ev, ce
+	}
+}
+
+// TestTwoUsersWithTheSameIdsNeverSeeEachOther: two users use conversation
+// "demo" and message "m1" at once; each reads and streams only their own.
+// One deletes "demo" and the other creates it again: the open stream of
+// the first ends on the deletion, and a replay from the start of the new
+// conversation shows only its own events.
+func TestTwoUsersWithTheSameIdsNeverSeeEachOther(t *testing.T) {
+	t.Parallel()
+	b := liveBundle(t)
+	post := func(token, id, content string, want int) {
+		t.Helper()
+		r := b.do(t, token, "POST", convPath("demo", "/messages"), map[string]any{"id": id, "content": content})
+		require.Equal(t, want, r.Status, r.Raw)
+	}
+	b.createConversation(t, b.alice, "demo")
+	b.createConversation(t, b.bob, "demo")
+	aliceStream := openSSE(t, b.srv.URL+convPath("demo", "/events"), b.alice, "")
+	bobStream := openSSE(t, b.srv.URL+convPath("demo", "/events"), b.bob, "")
+	require.Equal(t, "ready", aliceStream.next(t).Event)
+	require.Equal(t, "ready", bobStream.next(t).Event)
+
+	post(b.alice, "m1", "alice's secret", http.StatusAccepted)
+	post(b.bob, "m1", "bob's secret", http.StatusAccepted) // same id, another owner: not a conflict
+	post(b.bob, "m1", "bob's secret", http.StatusOK)       // his own retry
+
+	_, ev := nextEvent(t, aliceStream)
+	require.Equal(t, "m1", ev.MessageID)
+	require.Equal(t, "demo", ev.ConversationID, "a client sees its own ids, never the server's keys")
+	_, ev = nextEvent(t, bobStream)
+	require.Equal(t, "m1", ev.MessageID)
+
+	for token, want := range map[string]string{b.alice: "alice's secret", b.bob: "bob's secret"} {
+		r := b.do(t, token, "GET", convPath("demo", "/messages"), nil)
+		require.Equal(t, http.StatusOK, r.Status)
+		msgs := r.Body["messages"].([]any)
+		require.Len(t, msgs, 1, "each user has one message in their demo")
+		require.Equal(t, want, msgs[0].(map[string]any)["content"])
+		require.Equal(t, "m1", msgs[0].(map[string]any)["id"])
+	}
+
+	// Bob's next message is not on Alice's stream: her next event is her
+	// own later message (the stream delivers a subject in order, so
+	// Bob's, were it hers, would come first).
+	post(b.bob, "m2", "bob again", http.StatusAccepted)
+	_, ev = nextEvent(t, bobStream)
+	require.Equal(t, "m2", ev.MessageID)
+	post(b.alice, "m3", "alice again", http.StatusAccepted)
+	_, ev = nextEvent(t, aliceStream)
+	require.Equal(t, "m3", ev.MessageID)
+
+	// Bob deletes his demo: his stream says so and ends.
+	require.Equal(t, http.StatusNoContent, b.do(t, b.bob, "DELETE", convPath("demo"), nil).Status)
+	_, ev = nextEvent(t, bobStream)
+	require.Equal(t, batonnats.EventDeleted, ev.Type)
+	end, _ := nextEvent(t, bobStream)
+	require.Equal(t, "end", end.Event)
+	require.JSONEq(t, `{"reason":"conversation_deleted"}`, end.Data)
+	_, open := <-bobStream.events
+	require.False(t, open, "the stream of a deleted conversation ends")
+
+	// Bob creates demo again and posts; a replay from the very start shows
+	// only the new conversation's events: none of his deleted demo, none of
+	// Alice's.
+	b.createConversation(t, b.bob, "demo")
+	post(b.bob, "m1", "a new start", http.StatusAccepted)
+	replay := openSSE(t, b.srv.URL+convPath("demo", "/events"), b.bob, "0")
+	_, ev = nextEvent(t, replay)
+	require.Equal(t, batonnats.EventMessage, ev.Type)
+	require.Equal(t, "m1", ev.MessageID)
+	post(b.bob, "m4", "marker", http.StatusAccepted)
+	_, ev = nextEvent(t, replay)
+	require.Equal(t, "m4", ev.MessageID, "nothing else was replayed before the marker")
+
+	// And Alice's stream never saw any of it: her next event is her own.
+	post(b.alice, "m5", "alice last", http.StatusAccepted)
+	_, ev = nextEvent(t, aliceStream)
+	require.Equal(t, "m5", ev.MessageID)
+}
+
+// TestAStreamEndsWhenItsConversationIsGoneEvenWithoutTheEvent: the deleted
+// event is published after the commit and can be lost; an open stream
+// checks the database again and ends anyway.
+func TestAStreamEndsWhenItsConversationIsGoneEvenWithoutTheEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	require.NoError(t, err)
+	tok, u, err := schema.CreateToken(ctx, db.Pool, "alice")
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+	b := &bundle{pool: db.Pool, srv: hs, alice: tok, client: hs.Client()}
+	b.createConversation(t, tok, "c")
+	s := openSSE(t, hs.URL+convPath("c", "/events"), tok, "")
+	require.Equal(t, "ready", s.next(t).Event)
+
+	// Deleted behind the API's back: no event is published.
+	_, err = schema.DeleteConversation(ctx, db.Pool, u.ID, "c")
+	require.NoError(t, err)
+	end := s.next(t)
+	require.Equal(t, "end", end.Event)
+	require.JSONEq(t, `{"reason":"conversation_deleted"}`, end.Data)
+}
+
+// TestAStreamEndsWhenItsTokenIsRevokedOrExpires: an open event stream is
+// only as good as its token: revoked, it ends at the next check; expiring,
+// it ends at the expiry.
+func TestAStreamEndsWhenItsTokenIsRevokedOrExpires(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+
+	revoked, u, err := schema.CreateToken(ctx, db.Pool, "alice")
+	require.NoError(t, err)
+	expiring, _, err := schema.CreateTokenUntil(ctx, db.Pool, "alice", time.Now().Add(1500*time.Millisecond))
+	require.NoError(t, err)
+	b := &bundle{pool: db.Pool, srv: hs, alice: revoked, client: hs.Client()}
+	b.createConversation(t, revoked, "c")
+
+	s := openSSE(t, hs.URL+convPath("c", "/events"), revoked, "")
+	require.Equal(t, "ready", s.next(t).Event)
+	_, err = schema.RevokeToken(ctx, db.Pool, u.TokenID)
+	require.NoError(t, err)
+	end := s.next(t)
+	require.Equal(t, "end", end.Event)
+	require.JSONEq(t, `{"reason":"token_revoked"}`, end.Data)
+
+	e := openSSE(t, hs.URL+convPath("c", "/events"), expiring, "")
+	require.Equal(t, "ready", e.next(t).Event)
+	end = e.next(t)
+	require.Equal(t, "end", end.Event)
+	require.JSONEq(t, `{"reason":"token_expired"}`, end.Data)
+}
