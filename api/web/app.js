@@ -90,12 +90,22 @@ async function select(cid) {
 async function refresh() {
   if (!current) return;
   const cid = current;
-  let c, m;
-  try { [c, m] = await Promise.all([api("GET", convPath(cid)), api("GET", convPath(cid) + "/messages")]); } catch (e) { return; }
+  let c, all = [];
+  try {
+    c = await api("GET", convPath(cid));
+    // The messages come a page at a time, oldest first.
+    for (let after = 0; ;) {
+      const m = await api("GET", convPath(cid) + "/messages?limit=1000&after=" + after);
+      if (m.status !== 200) { if (m.status === 404) c = m; break; }
+      all = all.concat(m.data.messages);
+      if (m.data.next_after === undefined) break;
+      after = m.data.next_after;
+    }
+  } catch (e) { return; }
   if (cid !== current) return;
   if (c.status === 404) { gone(); loadConversations(); return; }
-  if (c.status !== 200 || m.status !== 200) return;
-  conv = c.data; messages = m.data.messages;
+  if (c.status !== 200) return;
+  conv = c.data; messages = all;
   $("convtitle").textContent = conv.title || conv.id;
   render();
 }
@@ -151,7 +161,8 @@ function setLive(on, why) {
   live = on;
   const c = $("conn");
   c.className = on ? "live" : (why === "idle" ? "" : "down");
-  c.textContent = on ? "live" : (why === "idle" ? "idle" : "disconnected, reconnecting");
+  c.textContent = on ? "live" : why === "idle" ? "idle"
+    : why && why.startsWith("token") ? why + ": use another token" : "disconnected, reconnecting";
   renderState();
 }
 
@@ -172,6 +183,15 @@ function connect() {
   es.onmessage = onState;
   es.addEventListener("ready", onState);
   es.addEventListener("reset", onState);
+  // The server ends a stream for good with the reason.
+  es.addEventListener("end", (ev) => {
+    if (cid !== current) return;
+    let d = {}; try { d = JSON.parse(ev.data); } catch (e) {}
+    if (d.reason === "server_closing") return; // the browser reconnects
+    es.close();
+    if (d.reason === "conversation_deleted") { gone(); loadConversations(); return; }
+    setLive(false, d.reason === "token_expired" ? "token expired" : "token revoked");
+  });
   es.addEventListener("delta", (ev) => {
     if (cid !== current) return;
     let d; try { d = JSON.parse(ev.data); } catch (e) { return; }

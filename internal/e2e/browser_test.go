@@ -95,7 +95,7 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 
 	token, _, err := schema.CreateToken(ctx, db.Pool, "browser")
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 200 * time.Millisecond})
 	require.NoError(t, err)
 	p := &page{t: t, db: db, srv: srv, token: token}
 	p.artifact = artifactDir(t)
@@ -366,4 +366,32 @@ func TestBrowserLinkWithAnotherTokenDoesNotSilentlyReplaceTheStoredOne(t *testin
 	p.waitJS("the other user's token in use", `localStorage.getItem("baton.token") === `+jsString(other), 10*time.Second)
 	p.waitJS("the page as the other user", `!document.getElementById("app").classList.contains("hidden") && document.querySelectorAll("#convs li").length === 0`, 10*time.Second)
 	require.False(t, p.js(`[...document.querySelectorAll("#convs li")].some(e => e.textContent.includes("mine"))`), "nothing of the first user stays on the page")
+}
+
+// TestBrowserShowsEveryPageOfALongConversation: the API serves messages a
+// page at a time; the page follows the pages to the newest message.
+func TestBrowserShowsEveryPageOfALongConversation(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("long")
+	_, err := p.db.Pool.Exec(context.Background(), `
+		INSERT INTO messages (id, conversation_id, role, content)
+		SELECT 'old-' || g, c.id, 'assistant', 'line ' || g
+		FROM conversations c, generate_series(1, 1005) g WHERE c.title = 'long'`)
+	require.NoError(t, err)
+	p.send("after the backlog")
+	p.waitJS("the reply after 1,005 older messages", hasBubble("assistant", "echo: after the backlog"), 30*time.Second)
+	require.Equal(t, 1, p.count(countBubbles("assistant", "line 1005")), "the last message of the second page is shown")
+	require.Equal(t, 1005, p.count(countBubbles("assistant", "line ")), "every older message is shown once")
+}
+
+// TestBrowserSaysSoWhenItsTokenIsRevoked: the event stream ends with the
+// reason, and the page says the token no longer works instead of
+// reconnecting forever.
+func TestBrowserSaysSoWhenItsTokenIsRevoked(t *testing.T) {
+	p := startPage(t)
+	p.newConversation("revoked")
+	_, err := p.db.Pool.Exec(context.Background(), `UPDATE api_tokens SET revoked_at = now()`)
+	require.NoError(t, err)
+	p.waitJS("the page to say the token was revoked", `document.getElementById("conn").textContent.includes("token revoked")`, 15*time.Second)
+	p.screenshot("token-revoked")
 }
