@@ -47,7 +47,7 @@ func newStack(t *testing.T) *stack {
 	s := &stack{t: t, db: testenv.Database(t), states: make(chan batonnats.ConversationEvent, 64)}
 	s.nc, s.js = testenv.StartNATS(t).Connect(t)
 	s.stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
-	_, err := batonnats.EnsureStream(ctx, s.js, s.stream)
+	_, _, err := batonnats.ProvisionStream(ctx, s.js, s.stream, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	_, u, err := schema.CreateToken(ctx, s.db.Pool, "tester")
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
@@ -20,6 +21,10 @@ import (
 // sseHeartbeat keeps idle event streams alive through proxies and lets a
 // client notice a dead connection.
 const sseHeartbeat = 15 * time.Second
+
+// maxRunLookups is how many times a second an event stream may ask the
+// database which run holds its conversation.
+const maxRunLookups = 5
 
 // DefaultStreamRecheck is how often an open event stream checks again
 // that its conversation still exists and is still its user's.
@@ -191,6 +196,14 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		defer t.Stop()
 		expired = t.C
 	}
+	// Live deltas are forwarded only from the run that holds the
+	// conversation, as the database and the conversation events say: a
+	// delta anyone else publishes on the live subject never reaches the
+	// client.
+	current := conv.RunID
+	lookups := rate.NewLimiter(rate.Limit(maxRunLookups), maxRunLookups)
+	var lastRun string
+	var lastLookup time.Time
 	end := func(reason string) {
 		_ = writeSSE(w, "", "end", fmt.Sprintf(`{"reason":%q}`, reason))
 		_ = rc.Flush()
@@ -219,6 +232,14 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 				// Never anything from before the conversation existed.
 				continue
 			}
+			switch ev.Type {
+			case batonnats.EventProcessing:
+				current = ev.RunID
+			case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventCancelled:
+				if ev.RunID == current {
+					current = ""
+				}
+			}
 			// The client knows the conversation by its own id.
 			ev.ConversationID = cid
 			body, _ := json.Marshal(ev)
@@ -228,6 +249,22 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case m := <-deltas:
+			d, perr := batonnats.ParseLiveDelta(m.Data)
+			fromRun := perr == nil && m.Subject == batonnats.LiveSubject(conv.Key, d.RunID)
+			if fromRun && d.RunID != current && (d.RunID != lastRun || time.Since(lastLookup) > time.Second) && lookups.Allow() {
+				// The delta may have overtaken the processing event: the
+				// database knows the lease holder. A run is looked up again
+				// at most once a second, and a stream makes a few lookups a
+				// second at most, so a flood of forgeries costs no more.
+				lastRun, lastLookup = d.RunID, time.Now()
+				if c, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); cerr == nil {
+					current = c.RunID
+				}
+			}
+			if !fromRun || d.RunID != current {
+				s.metrics.dropped.Inc()
+				continue
+			}
 			err = writeSSE(w, "", "delta", string(m.Data))
 		case <-tick.C:
 			_, err = fmt.Fprint(w, ": keep-alive\n\n")

@@ -87,7 +87,7 @@ func TestEventsStreamCommittedChangesAndResumeFromLastEventID(t *testing.T) {
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
 	nc, js := ns.Connect(t)
-	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	tok, _, err := schema.CreateToken(ctx, db.Pool, "alice")
 	require.NoError(t, err)

@@ -14,6 +14,7 @@ type metrics struct {
 	messages *prometheus.CounterVec
 	limited  *prometheus.CounterVec
 	streams  prometheus.Gauge
+	dropped  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,8 +40,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_api_event_streams",
 			Help: "Live event streams open.",
 		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_api_live_deltas_dropped_total",
+			Help: "Live deltas not forwarded to a client: malformed, or not from the run that holds the conversation (a forgery, or a run that lost its lease).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages, m.limited, m.streams} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages, m.limited, m.streams, m.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -192,7 +192,7 @@ func New(cfg Config) (*Server, error) {
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if cfg.JetStream != nil {
-		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events)
+		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
 	}
 	s.routes()
 	s.handler = s.limitRequest(s.mux)

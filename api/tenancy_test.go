@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	natsclient "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/api"
@@ -23,7 +24,7 @@ func liveBundle(t *testing.T) *bundle {
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
 	nc, js := ns.Connect(t)
-	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	alice, a, err := schema.CreateToken(ctx, db.Pool, "alice")
 	require.NoError(t, err)
@@ -34,7 +35,7 @@ func liveBundle(t *testing.T) *bundle {
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	t.Cleanup(srv.Close)
-	return &bundle{pool: db.Pool, srv: hs, alice: alice, bob: bob, aliceID: a.ID, client: hs.Client()}
+	return &bundle{pool: db.Pool, srv: hs, alice: alice, bob: bob, aliceID: a.ID, natsURL: ns.URL, client: hs.Client()}
 }
 
 // nextEvent returns the next conversation event of s, skipping "ready".
@@ -140,7 +141,7 @@ func TestAStreamEndsWhenItsConversationIsGoneEvenWithoutTheEvent(t *testing.T) {
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
 	nc, js := ns.Connect(t)
-	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	tok, u, err := schema.CreateToken(ctx, db.Pool, "alice")
 	require.NoError(t, err)
@@ -171,7 +172,7 @@ func TestAStreamEndsWhenItsTokenIsRevokedOrExpires(t *testing.T) {
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
 	nc, js := ns.Connect(t)
-	_, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond})
 	require.NoError(t, err)
@@ -199,4 +200,43 @@ func TestAStreamEndsWhenItsTokenIsRevokedOrExpires(t *testing.T) {
 	end = e.next(t)
 	require.Equal(t, "end", end.Event)
 	require.JSONEq(t, `{"reason":"token_expired"}`, end.Data)
+}
+
+// TestAForgedDeltaNeverReachesTheClient: a live delta is forwarded only
+// from the run that holds the conversation; anything else published on
+// the live subject (a forgery on an open NATS, a run that lost its lease)
+// is dropped.
+func TestAForgedDeltaNeverReachesTheClient(t *testing.T) {
+	t.Parallel()
+	b := liveBundle(t)
+	ctx := context.Background()
+	b.createConversation(t, b.alice, "c")
+	var key string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM conversations WHERE public_id = 'c'`).Scan(&key))
+	s := openSSE(t, b.srv.URL+convPath("c", "/events"), b.alice, "")
+	require.Equal(t, "ready", s.next(t).Event)
+
+	ns := b.natsURL
+	nc, err := natsclient.Connect(ns)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	publish := func(subjectRun, bodyRun, text string) {
+		t.Helper()
+		body, err := json.Marshal(batonnats.LiveDelta{RunID: bodyRun, Seq: 1, Type: batonnats.DeltaText, Text: text})
+		require.NoError(t, err)
+		require.NoError(t, nc.Publish(batonnats.LiveSubject(key, subjectRun), body))
+		require.NoError(t, nc.Flush())
+	}
+	// Nobody holds the conversation: a delta of a made-up run is dropped.
+	publish("run_forged", "run_forged", "forged")
+	// A run takes the lease (as a claim does); its deltas are forwarded,
+	// while one whose body names another run than its subject is not.
+	_, err = b.pool.Exec(ctx, `UPDATE conversations SET run_id = 'run_real', lease_expires_at = now() + interval '1 minute' WHERE id = $1`, key)
+	require.NoError(t, err)
+	publish("run_real", "run_forged", "mismatched")
+	publish("run_forged", "run_forged", "forged again")
+	publish("run_real", "run_real", "genuine")
+	ev := s.next(t)
+	require.Equal(t, "delta", ev.Event)
+	require.Contains(t, ev.Data, "genuine", "the first delta the client sees is the real run's")
 }

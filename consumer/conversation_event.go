@@ -18,7 +18,7 @@ const publishTimeout = 2 * time.Second
 // every committed change of a turn as a conversation event for live
 // clients.
 func EventPublisher(js jetstream.JetStream, events batonnats.EventsConfig, log zerolog.Logger) func(batonnats.ConversationEvent) {
-	pub := batonnats.NewEventPublisher(js, events)
+	pub := batonnats.NewEventPublisher(js, events, false)
 	return func(ev batonnats.ConversationEvent) {
 		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 		defer cancel()

@@ -24,7 +24,7 @@ func TestWorkerRejoinsAStreamRecreatedEmpty(t *testing.T) {
 	b.settled(30 * time.Second)
 
 	require.NoError(t, b.JS.DeleteStream(ctx, b.Stream.Name))
-	_, err := batonnats.EnsureStream(ctx, b.JS, b.Stream)
+	_, _, err := batonnats.ProvisionStream(ctx, b.JS, b.Stream, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 
 	b.Send("c", "m2", "after")

@@ -92,13 +92,10 @@ func (c EventsConfig) Subject(conversationID string) string {
 	return c.SubjectPrefix + "." + EncodeToken(conversationID)
 }
 
-// EnsureEventsStream creates or updates the events stream.
-func EnsureEventsStream(ctx context.Context, js jetstream.JetStream, c EventsConfig) (jetstream.Stream, error) {
+// JetStreamConfig is the events stream's configuration sent to the server.
+func (c EventsConfig) JetStreamConfig() jetstream.StreamConfig {
 	c = c.WithDefaults()
-	if err := ValidatePrefix(c.SubjectPrefix); err != nil {
-		return nil, err
-	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	return jetstream.StreamConfig{
 		Name:              c.Name,
 		Description:       "Baton conversation events for live clients",
 		Subjects:          []string{c.SubjectPrefix + ".>"},
@@ -109,22 +106,32 @@ func EnsureEventsStream(ctx context.Context, js jetstream.JetStream, c EventsCon
 		MaxMsgsPerSubject: eventsMaxPerSubject,
 		Duplicates:        eventsDuplicateLimit,
 		Discard:           jetstream.DiscardOld,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("provision events stream %s: %w", c.Name, err)
 	}
-	return s, nil
+}
+
+// ProvisionEventsStream creates the events stream, or updates it to the
+// configured settings, and returns what it changed. Its owner, the API
+// (or baton dev), calls it; the workers only publish to it.
+func ProvisionEventsStream(ctx context.Context, js jetstream.JetStream, c EventsConfig, o ProvisionOptions) (jetstream.Stream, []StreamChange, error) {
+	c = c.WithDefaults()
+	if err := ValidatePrefix(c.SubjectPrefix); err != nil {
+		return nil, nil, err
+	}
+	return provision(ctx, js, c.JetStreamConfig(), o)
 }
 
 // EventPublisher publishes conversation events after commits.
 type EventPublisher struct {
-	js  jetstream.JetStream
-	cfg EventsConfig
+	js    jetstream.JetStream
+	cfg   EventsConfig
+	owner bool
 }
 
-// NewEventPublisher returns a publisher on js.
-func NewEventPublisher(js jetstream.JetStream, cfg EventsConfig) *EventPublisher {
-	return &EventPublisher{js: js, cfg: cfg.WithDefaults()}
+// NewEventPublisher returns a publisher on js. The stream's owner (the
+// API) passes owner: it provisions the stream again when the stream was
+// lost; anyone else only publishes.
+func NewEventPublisher(js jetstream.JetStream, cfg EventsConfig, owner bool) *EventPublisher {
+	return &EventPublisher{js: js, cfg: cfg.WithDefaults(), owner: owner}
 }
 
 // Publish sends ev. msgID, when not empty, deduplicates a republication of
@@ -140,14 +147,16 @@ func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgI
 	m := natsclient.NewMsg(p.cfg.Subject(ev.ConversationID))
 	m.Data = body
 	if msgID != "" {
-		m.Header.Set(HeaderMsgID, msgID)
+		// msgID may hold an id of any text: encoded, it stays exact and
+		// ASCII (EncodeHeaderValue), so two ids never share a dedup slot.
+		m.Header.Set(HeaderMsgID, EncodeHeaderValue(msgID))
 	}
 	_, err = p.js.PublishMsg(ctx, m)
-	if errors.Is(err, jetstream.ErrNoStreamResponse) {
-		// The stream is gone (a broker that lost its store): provision it
-		// again and publish once more, rather than leaving live clients
-		// without events until every process restarts.
-		if _, perr := EnsureEventsStream(ctx, p.js, p.cfg); perr != nil {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.owner {
+		// The stream is gone (a broker that lost its store): its owner
+		// provisions it again and publishes once more, rather than leaving
+		// live clients without events until every process restarts.
+		if _, _, perr := ProvisionEventsStream(ctx, p.js, p.cfg, ProvisionOptions{}); perr != nil {
 			return fmt.Errorf("%w (and provisioning the events stream again failed: %v)", err, perr)
 		}
 		_, err = p.js.PublishMsg(ctx, m)

@@ -15,9 +15,9 @@ func TestEventPublisherProvisionsALostEventsStreamAgain(t *testing.T) {
 	ctx := context.Background()
 	_, js := testenv.StartNATS(t).Connect(t)
 	cfg := batonnats.EventsConfig{Name: "EV_LOST", SubjectPrefix: "ev.lost"}
-	_, err := batonnats.EnsureEventsStream(ctx, js, cfg)
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, cfg, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	pub := batonnats.NewEventPublisher(js, cfg)
+	pub := batonnats.NewEventPublisher(js, cfg, true)
 	require.NoError(t, pub.Publish(ctx, batonnats.ConversationEvent{Type: batonnats.EventMessage, ConversationID: "c"}, ""))
 
 	// The broker loses the stream.

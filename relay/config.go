@@ -88,6 +88,11 @@ type Config struct {
 	RetryMin time.Duration
 	RetryMax time.Duration
 
+	// AllowRetentionShrink lets the relay reduce the stream's max age or
+	// replicas; without it, a configuration that would is refused at
+	// start, since a shorter max age deletes older events at once.
+	// Defaults to false.
+	AllowRetentionShrink bool
 	// Registerer receives the relay's Prometheus metrics. Nil gives the
 	// relay a private registry, so several relays can run in one process.
 	// Defaults to nil.

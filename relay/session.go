@@ -41,8 +41,18 @@ func (r *Relay) session(ctx context.Context, standby *bool) (streamed bool, err 
 	if !r.nc.IsConnected() {
 		return false, errNATSDown
 	}
-	if _, err := batonnats.EnsureStream(ctx, r.api, r.cfg.Stream); err != nil {
+	// The relay owns the outbox stream: it alone creates it and changes
+	// its settings, and says so when it does.
+	_, changes, err := batonnats.ProvisionStream(ctx, r.api, r.cfg.Stream, batonnats.ProvisionOptions{AllowShrink: r.cfg.AllowRetentionShrink})
+	var shrink *batonnats.ShrinkError
+	if errors.As(err, &shrink) {
+		return false, &fatalError{err}
+	}
+	if err != nil {
 		return false, err
+	}
+	for _, c := range changes {
+		r.log.Warn().Str("stream", r.cfg.Stream.Name).Str("setting", c.Setting).Str("from", c.Old).Str("to", c.New).Msg("changed a setting of the outbox stream")
 	}
 	if err := r.ensurePublication(ctx); err != nil {
 		return false, err

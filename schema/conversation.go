@@ -64,8 +64,10 @@ const (
 // id for it; Key is the server's, unique across owners, and the one every
 // table, subject and stream uses. Clients never see Key.
 type Conversation struct {
-	ID            string     `json:"id"`
-	Key           string     `json:"-"`
+	ID  string `json:"id"`
+	Key string `json:"-"`
+	// RunID is the run that holds the conversation's lease, if any.
+	RunID         string     `json:"-"`
 	Title         string     `json:"title"`
 	CreatedAt     time.Time  `json:"created_at"`
 	UpdatedAt     time.Time  `json:"updated_at"`
@@ -93,7 +95,7 @@ func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, tit
 }
 
 const conversationColumns = `
-	c.public_id, c.id, c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
+	c.public_id, c.id, coalesce(c.run_id, ''), c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
 	CASE
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending') THEN 'pending'
@@ -104,7 +106,7 @@ const conversationColumns = `
 func scanConversation(row pgx.Row) (Conversation, error) {
 	var c Conversation
 	var state string
-	err := row.Scan(&c.ID, &c.Key, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
+	err := row.Scan(&c.ID, &c.Key, &c.RunID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
 	c.TurnState = TurnState(state)
 	return c, err
 }

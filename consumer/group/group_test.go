@@ -285,7 +285,7 @@ func TestGroupRejoinsItsDeletedDurableAndAStreamRecreatedEmpty(t *testing.T) {
 		{"stream recreated empty", func(t *testing.T, b *bundle) {
 			ctx := context.Background()
 			require.NoError(t, b.JS.DeleteStream(ctx, b.Stream.Name))
-			_, err := batonnats.EnsureStream(ctx, b.JS, b.Stream)
+			_, _, err := batonnats.ProvisionStream(ctx, b.JS, b.Stream, batonnats.ProvisionOptions{})
 			require.NoError(t, err)
 		}},
 	} {

@@ -133,7 +133,7 @@ func checkRelayOwnsTheOutboxStream(ctx context.Context, c *cluster) error {
 	defer relay.nc.Close()
 	var stream jetstream.Stream
 	if err := relay.allowed(ctx, "relay creates the outbox stream", provision(func(ctx context.Context) (err error) {
-		stream, err = batonnats.EnsureStream(ctx, relay.js, outboxStream)
+		stream, _, err = batonnats.ProvisionStream(ctx, relay.js, outboxStream, batonnats.ProvisionOptions{})
 		return err
 	})); err != nil {
 		return err
@@ -151,10 +151,12 @@ func checkRelayOwnsTheOutboxStream(ctx context.Context, c *cluster) error {
 	longer := outboxStream
 	longer.MaxAge += time.Hour
 	if err := relay.allowed(ctx, "relay updates the outbox stream", provision(func(ctx context.Context) error {
-		if _, err := batonnats.EnsureStream(ctx, relay.js, longer); err != nil {
+		if _, _, err := batonnats.ProvisionStream(ctx, relay.js, longer, batonnats.ProvisionOptions{}); err != nil {
 			return err
 		}
-		_, err := batonnats.EnsureStream(ctx, relay.js, outboxStream)
+		// Back to the shipped settings: a reduction of the max age, which
+		// the owner makes only when told to.
+		_, _, err := batonnats.ProvisionStream(ctx, relay.js, outboxStream, batonnats.ProvisionOptions{AllowShrink: true})
 		return err
 	})); err != nil {
 		return err
@@ -185,7 +187,7 @@ func checkAPIOwnsTheEventsStream(ctx context.Context, c *cluster) error {
 	}
 	defer api.nc.Close()
 	return api.allowed(ctx, "api creates the events stream", provision(func(ctx context.Context) error {
-		_, err := batonnats.EnsureEventsStream(ctx, api.js, eventsStream)
+		_, _, err := batonnats.ProvisionEventsStream(ctx, api.js, eventsStream, batonnats.ProvisionOptions{})
 		return err
 	}))
 }
@@ -304,7 +306,7 @@ func checkLiveAndEventsReachTheAPI(ctx context.Context, c *cluster) error {
 		typ batonnats.EventType
 	}{{"worker", worker, batonnats.EventProcessing}, {"api", api, batonnats.EventMessage}} {
 		if err := pub.cl.allowed(ctx, pub.who+" publishes a conversation event", func(ctx context.Context) error {
-			return batonnats.NewEventPublisher(pub.cl.js, eventsStream).Publish(ctx, batonnats.ConversationEvent{Type: pub.typ, ConversationID: conversation}, "")
+			return batonnats.NewEventPublisher(pub.cl.js, eventsStream, false).Publish(ctx, batonnats.ConversationEvent{Type: pub.typ, ConversationID: conversation}, "")
 		}); err != nil {
 			return err
 		}
@@ -459,7 +461,9 @@ func checkWorkerCannotChangeTheStreams(ctx context.Context, c *cluster) error {
 		// The api owns the events stream; a worker reads its settings and
 		// publishes, and provisions nothing.
 		{"worker provisions the events stream", "$JS.API.STREAM.UPDATE.BATON_EVENTS", func(ctx context.Context, w *client) error {
-			_, err := batonnats.EnsureEventsStream(ctx, w.js, eventsStream)
+			changed := eventsStream
+			changed.MaxAge += time.Hour
+			_, _, err := batonnats.ProvisionEventsStream(ctx, w.js, changed, batonnats.ProvisionOptions{})
 			return err
 		}},
 	} {

@@ -68,7 +68,8 @@ type apiCmd struct {
 	config.Database
 	config.NATS
 	httpOptions
-	Replicas int `name:"replicas" env:"BATON_REPLICAS" help:"Stream replicas, here of the conversation events stream (the same setting as the relay's)." default:"${replicas}"`
+	AllowRetentionShrink bool `name:"allow-retention-shrink" env:"BATON_ALLOW_RETENTION_SHRINK" help:"Let the API reduce the events stream's replicas; without it, a reduction is refused (the stream is left as it is)."`
+	Replicas             int  `name:"replicas" env:"BATON_REPLICAS" help:"Stream replicas, here of the conversation events stream (the same setting as the relay's)." default:"${replicas}"`
 }
 
 func (c *apiCmd) Run(ctx context.Context, env *Env) error {
@@ -89,9 +90,9 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer ln.Close()
-	nc, js, closeNATS, err := connectLiveNATS(ctx, c.NATSURL, "baton api", batonnats.EventsConfig{Replicas: c.Replicas}, log)
+	nc, js, closeNATS, err := connectLiveNATS(ctx, c.NATS.Options("api"), batonnats.EventsConfig{Replicas: c.Replicas}, c.AllowRetentionShrink, log)
 	if err != nil {
-		return &UsageError{Err: err}
+		return err
 	}
 	defer closeNATS()
 	srv, err := api.New(c.withLimits(api.Config{

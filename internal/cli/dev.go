@@ -23,6 +23,7 @@ import (
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/natsconn"
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/migrations"
 	batonnats "github.com/batonhq/baton/nats"
@@ -33,6 +34,8 @@ import (
 type devCmd struct {
 	Database string `name:"database-url" env:"BATON_DATABASE_URL" help:"PostgreSQL URL; when empty, a local cluster is created under --dir." placeholder:"URL"`
 	NATSURL  string `name:"nats-url" env:"BATON_NATS_URL" help:"NATS URL; when empty, an embedded NATS server with JetStream runs with its store under --dir." placeholder:"URL"`
+	// How to log in to a NATS given by --nats-url.
+	config.NATSAuth
 	config.Stream
 	config.Replication
 	httpOptions
@@ -81,8 +84,8 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 		}()
 		dbURL = cl.URL("baton")
 	}
-	natsURL := c.NATSURL
-	if natsURL == "" {
+	natsOpts := c.NATSAuth.Options(c.NATSURL, "dev")
+	if c.NATSURL == "" {
 		ns, err := batonnats.StartEmbedded(batonnats.EmbeddedOptions{
 			StoreDir: filepath.Join(c.Dir, "nats"), Port: c.NATSPort,
 		})
@@ -90,8 +93,8 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 			return fmt.Errorf("%w (or choose another with --nats-port / BATON_DEV_NATS_PORT)", err)
 		}
 		defer ns.Stop()
-		natsURL = ns.ClientURL()
-		log.Info().Str("url", natsURL).Str("store", filepath.Join(c.Dir, "nats")).Msg("embedded NATS with JetStream started")
+		natsOpts = natsconn.Options{URL: ns.ClientURL(), Name: "baton dev"}
+		log.Info().Str("url", ns.ClientURL()).Str("store", filepath.Join(c.Dir, "nats")).Msg("embedded NATS with JetStream started")
 	}
 
 	pool, err := openPool(ctx, config.Database{DatabaseURL: dbURL})
@@ -112,8 +115,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	// One connection for the relay, the worker and the API's live events.
 	// It never buffers publications while reconnecting: the relay must see
 	// a failure at once, not after a buffer fills.
-	nc, err := natsclient.Connect(natsURL, natsclient.Name("baton dev"), natsclient.MaxReconnects(-1),
-		natsclient.RetryOnFailedConnect(true), natsclient.ReconnectBufSize(-1))
+	nc, err := connectNATS(natsOpts, log, natsclient.RetryOnFailedConnect(true), natsclient.ReconnectBufSize(-1))
 	if err != nil {
 		return err
 	}
@@ -122,7 +124,8 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if _, err := batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{Replicas: c.Replicas}); err != nil {
+	// baton dev runs the relay and the API: it owns both streams.
+	if _, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{Replicas: c.Replicas}, batonnats.ProvisionOptions{}); err != nil {
 		return err
 	}
 	// One registry per run, served on --metrics-addr: every part's

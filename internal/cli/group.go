@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -61,21 +60,6 @@ func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (gro
 	return cfg, nil
 }
 
-// connectJetStream connects to NATS for a command that cannot work without
-// it. The caller closes the connection.
-func connectJetStream(n config.NATS, name string) (*natsclient.Conn, jetstream.JetStream, error) {
-	nc, err := natsclient.Connect(n.NATSURL, natsclient.Name(name), natsclient.MaxReconnects(-1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot reach NATS at %s: %w", n.NATSURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}
-
 // newGroup fills the connections into cfg and builds the group.
 func newGroup(cfg group.Config, pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) (*group.Group, error) {
 	cfg.Pool, cfg.JetStream, cfg.Logger = pool, js, &log
@@ -108,13 +92,14 @@ func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer pool.Close()
-	nc, js, err := connectJetStream(c.NATS, "baton group "+c.Name)
+	nc, js, err := connectJetStream(c.NATS.Options(c.Name), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if _, err := batonnats.EnsureStream(ctx, js, cfg.Stream); err != nil {
-		return err
+	// A group owns only its durable consumer; the stream is the relay's.
+	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {
+		return settingError(c, err)
 	}
 	g, err := newGroup(cfg, pool, js, log)
 	if err != nil {

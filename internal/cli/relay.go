@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	natsclient "github.com/nats-io/nats.go"
@@ -19,13 +18,14 @@ type relayCmd struct {
 	config.Stream      `embed:""`
 	config.Replication `embed:""`
 
-	MaxInFlight    int           `name:"max-in-flight" env:"BATON_RELAY_MAX_IN_FLIGHT" setting:"MaxInFlight" help:"Events published and not yet acknowledged by JetStream, at most. Defaults to ${max_in_flight}."`
-	StatusInterval time.Duration `name:"status-interval" env:"BATON_RELAY_STATUS_INTERVAL" setting:"StatusInterval" help:"How often the confirmed position is reported to PostgreSQL; keep it below wal_sender_timeout. Defaults to ${status_interval}."`
-	Heartbeat      time.Duration `name:"heartbeat" env:"BATON_RELAY_HEARTBEAT" setting:"HeartbeatInterval" help:"How often a heartbeat is written to the WAL, so an idle outbox does not pin WAL. Defaults to ${heartbeat}."`
-	SweepInterval  time.Duration `name:"sweep-interval" env:"BATON_RELAY_SWEEP_INTERVAL" setting:"SweepInterval" help:"How often pending rows nobody claimed are announced again. Defaults to ${sweep_interval}."`
-	SweepAge       time.Duration `name:"sweep-age" env:"BATON_RELAY_SWEEP_AGE" setting:"SweepAge" help:"How long a row stays pending after its insert or last announcement before the sweeper announces it again. Defaults to ${sweep_age}."`
-	AckTimeout     time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" setting:"AckTimeout" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot. Defaults to ${ack_timeout}."`
-	MetricsAddr    string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
+	MaxInFlight          int           `name:"max-in-flight" env:"BATON_RELAY_MAX_IN_FLIGHT" setting:"MaxInFlight" help:"Events published and not yet acknowledged by JetStream, at most. Defaults to ${max_in_flight}."`
+	StatusInterval       time.Duration `name:"status-interval" env:"BATON_RELAY_STATUS_INTERVAL" setting:"StatusInterval" help:"How often the confirmed position is reported to PostgreSQL; keep it below wal_sender_timeout. Defaults to ${status_interval}."`
+	Heartbeat            time.Duration `name:"heartbeat" env:"BATON_RELAY_HEARTBEAT" setting:"HeartbeatInterval" help:"How often a heartbeat is written to the WAL, so an idle outbox does not pin WAL. Defaults to ${heartbeat}."`
+	SweepInterval        time.Duration `name:"sweep-interval" env:"BATON_RELAY_SWEEP_INTERVAL" setting:"SweepInterval" help:"How often pending rows nobody claimed are announced again. Defaults to ${sweep_interval}."`
+	SweepAge             time.Duration `name:"sweep-age" env:"BATON_RELAY_SWEEP_AGE" setting:"SweepAge" help:"How long a row stays pending after its insert or last announcement before the sweeper announces it again. Defaults to ${sweep_age}."`
+	AckTimeout           time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" setting:"AckTimeout" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot. Defaults to ${ack_timeout}."`
+	AllowRetentionShrink bool          `name:"allow-retention-shrink" env:"BATON_ALLOW_RETENTION_SHRINK" help:"Let the relay reduce the outbox stream's max age or replicas; without it, a reduction is refused at start (a shorter max age deletes older events at once)."`
+	MetricsAddr          string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
 }
 
 func (c *relayCmd) Run(ctx context.Context, env *Env) error {
@@ -36,16 +36,17 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := relay.Config{
-		Stream:            c.StreamConfig(),
-		Slot:              c.Slot,
-		Publication:       c.Publication,
-		MaxInFlight:       c.MaxInFlight,
-		StatusInterval:    c.StatusInterval,
-		HeartbeatInterval: c.Heartbeat,
-		SweepInterval:     c.SweepInterval,
-		SweepAge:          c.SweepAge,
-		AckTimeout:        c.AckTimeout,
-		Registerer:        reg,
+		Stream:               c.StreamConfig(),
+		Slot:                 c.Slot,
+		Publication:          c.Publication,
+		MaxInFlight:          c.MaxInFlight,
+		StatusInterval:       c.StatusInterval,
+		HeartbeatInterval:    c.Heartbeat,
+		SweepInterval:        c.SweepInterval,
+		SweepAge:             c.SweepAge,
+		AckTimeout:           c.AckTimeout,
+		AllowRetentionShrink: c.AllowRetentionShrink,
+		Registerer:           reg,
 	}.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return settingError(c, err)
@@ -59,21 +60,13 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 
 	// Publications are not buffered while the connection is down: they
 	// fail at once, and the relay restarts from the slot when NATS is back.
-	nc, err := natsclient.Connect(c.NATSURL,
-		natsclient.Name("baton-relay"),
-		natsclient.MaxReconnects(-1),
+	nc, err := connectNATS(c.NATS.Options("relay"), log,
 		natsclient.RetryOnFailedConnect(true),
 		natsclient.ReconnectWait(500*time.Millisecond),
 		natsclient.ReconnectBufSize(-1),
-		natsclient.DisconnectErrHandler(func(_ *natsclient.Conn, err error) {
-			log.Warn().Err(err).Msg("NATS disconnected")
-		}),
-		natsclient.ReconnectHandler(func(nc *natsclient.Conn) {
-			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("NATS reconnected")
-		}),
 	)
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s (--nats-url / BATON_NATS_URL): %w", c.NATSURL, err)
+		return err
 	}
 	defer nc.Close()
 

@@ -13,6 +13,8 @@ import (
 
 	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/setting"
+	batonnats "github.com/batonhq/baton/nats"
 )
 
 type replayCmd struct {
@@ -78,14 +80,20 @@ func (c *replayCmd) Run(ctx context.Context, env *Env) error {
 		}
 		defer pool.Close()
 	}
-	nc, js, err := connectJetStream(c.NATS, "baton replay "+c.Group)
+	nc, js, err := connectJetStream(c.NATS.Options("replay"), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	// The stream is the relay's: read it as it is.
+	stream, err := batonnats.JoinStream(ctx, js, c.StreamConfig())
+	if err != nil {
+		return settingError(c, setting.Within("Stream", err))
+	}
+	gcfg.Stream = stream
 
 	rcfg := group.ReplayConfig{
-		JetStream: js, Stream: c.StreamConfig(), Group: c.Group, From: from, DryRun: c.DryRun,
+		JetStream: js, Stream: stream, Group: c.Group, From: from, DryRun: c.DryRun,
 		Pool: pool, ProgressInterval: min(c.ProgressEvery, 250*time.Millisecond), Logger: &log,
 	}
 	if builtin && !c.DryRun {

@@ -338,7 +338,7 @@ func TestReplayOfAGroupWithoutConsumerSaysHowToStartIt(t *testing.T) {
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	_, err = batonnats.EnsureStream(context.Background(), js, batonnats.StreamConfig{})
+	_, _, err = batonnats.ProvisionStream(context.Background(), js, batonnats.StreamConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	_, stderr, code := run(t, "replay", "--group", "notifications", "--all", "--nats-url", ns.URL)
 	require.Equal(t, 1, code)

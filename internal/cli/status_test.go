@@ -23,7 +23,7 @@ func TestStatusReportsInactiveSlotWithLagAndExitsNonZero(t *testing.T) {
 	_, js := ns.Connect(t)
 	stream := "ST_" + strings.ToUpper(db.Name)
 	prefix := "st." + db.Name
-	s, err := batonnats.EnsureStream(ctx, js, batonnats.StreamConfig{Name: stream, SubjectPrefix: prefix})
+	s, _, err := batonnats.ProvisionStream(ctx, js, batonnats.StreamConfig{Name: stream, SubjectPrefix: prefix}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	_, err = s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "audit", AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)

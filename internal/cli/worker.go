@@ -2,12 +2,9 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"time"
 
-	natsclient "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -120,23 +117,17 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer pool.Close()
-	nc, err := natsclient.Connect(c.NATSURL, natsclient.Name("baton worker"), natsclient.MaxReconnects(-1))
+	nc, js, err := connectJetStream(c.NATS.Options("worker"), log)
 	if err != nil {
-		return fmt.Errorf("cannot reach NATS at %s: %w", c.NATSURL, err)
+		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
+	// The relay owns the outbox stream and the API the events stream: a
+	// worker reads the one as it is and only publishes to the other.
+	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {
+		return settingError(c, err)
 	}
-	if _, err := batonnats.EnsureStream(ctx, js, cfg.Stream); err != nil {
-		return err
-	}
-	events := batonnats.EventsConfig{Replicas: c.Replicas}
-	if _, err := batonnats.EnsureEventsStream(ctx, js, events); err != nil {
-		return err
-	}
-	cfg.OnConversationEvent = consumer.EventPublisher(js, events, log)
+	cfg.OnConversationEvent = consumer.EventPublisher(js, batonnats.EventsConfig{}, log)
 	if agentCfg != nil {
 		agentCfg.Live = nc // partial replies on baton.live.<conversation>.<run>
 		a, err := agent.NewOpenAI(*agentCfg)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batonhq/baton/internal/natsconn"
 	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
 )
@@ -46,24 +47,47 @@ func redact(s string) string {
 	return u.String()
 }
 
-// NATS locates the NATS server.
-type NATS struct {
-	NATSURL string `name:"nats-url" env:"BATON_NATS_URL" help:"NATS server URL(s), comma-separated." default:"${nats_url}" placeholder:"URL"`
+// NATSAuth is how a process proves itself to NATS and checks that the
+// server is the right one. Each file is read at start, so a missing or
+// unreadable one fails at once; no secret is ever printed.
+type NATSAuth struct {
+	NATSCreds       string `name:"nats-creds" env:"BATON_NATS_CREDS" placeholder:"FILE" help:"A .creds file (user JWT and seed) for a NATS server in operator mode."`
+	NATSNKeySeed    string `name:"nats-nkey-seed" env:"BATON_NATS_NKEY_SEED" placeholder:"FILE" help:"A file holding the nkey seed of this component's NATS user."`
+	NATSTLSCA       string `name:"nats-tls-ca" env:"BATON_NATS_TLS_CA" placeholder:"FILE" help:"CA certificate (PEM) that signed the NATS servers' certificates; turns TLS on."`
+	NATSTLSCert     string `name:"nats-tls-cert" env:"BATON_NATS_TLS_CERT" placeholder:"FILE" help:"Client certificate (PEM) for mutual TLS, with --nats-tls-key."`
+	NATSTLSKey      string `name:"nats-tls-key" env:"BATON_NATS_TLS_KEY" placeholder:"FILE" help:"Client key (PEM) for mutual TLS, with --nats-tls-cert."`
+	NATSInboxPrefix string `name:"nats-inbox-prefix" env:"BATON_NATS_INBOX_PREFIX" help:"Subject prefix of this process's reply inboxes, so that other NATS users cannot read its replies. Defaults to _INBOX_<component> (_INBOX_relay, _INBOX_worker, ...), as deploy/nats/accounts.conf allows."`
 }
 
-// Validate checks the URL list.
-func (n NATS) Validate() error {
-	if strings.TrimSpace(n.NATSURL) == "" {
-		return errors.New("no NATS server given: set --nats-url or BATON_NATS_URL (for example nats://127.0.0.1:4222)")
-	}
-	for _, part := range strings.Split(n.NATSURL, ",") {
-		u, err := url.Parse(strings.TrimSpace(part))
-		if err != nil || u.Host == "" {
-			return fmt.Errorf("--nats-url / BATON_NATS_URL: %q is not a URL such as nats://127.0.0.1:4222", part)
-		}
-	}
-	return nil
+// NATS locates the NATS server and says how to log in to it.
+type NATS struct {
+	NATSURL  string `name:"nats-url" env:"BATON_NATS_URL" help:"NATS server URL(s), comma-separated; a user and password or a token may be given in it (prefer a file setting below, which ps does not show)." default:"${nats_url}" placeholder:"URL"`
+	NATSAuth `embed:""`
 }
+
+// Options returns the connection options of component (relay, worker,
+// api, ...), whose inbox prefix defaults to _INBOX_<component>.
+func (n NATS) Options(component string) natsconn.Options {
+	return n.NATSAuth.Options(n.NATSURL, component)
+}
+
+// Options returns the connection options for url.
+func (a NATSAuth) Options(url, component string) natsconn.Options {
+	o := natsconn.Options{
+		URL: url, Name: "baton " + component,
+		CredsFile: a.NATSCreds, NKeySeedFile: a.NATSNKeySeed,
+		TLSCAFile: a.NATSTLSCA, TLSCertFile: a.NATSTLSCert, TLSKeyFile: a.NATSTLSKey,
+		InboxPrefix: a.NATSInboxPrefix,
+	}
+	if o.InboxPrefix == "" && component != "" {
+		o.InboxPrefix = natsconn.DefaultInboxPrefix + "_" + component
+	}
+	return o
+}
+
+// Validate checks the URL list and reads the files given; its errors name
+// the setting and never quote a secret.
+func (n NATS) Validate() error { return n.Options("").Validate() }
 
 // Stream is the outbox stream, as every subcommand that touches it sees
 // it. A flag left out means the library's default (nats.StreamConfig).

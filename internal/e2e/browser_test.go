@@ -66,7 +66,7 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	_, err = batonnats.EnsureEventsStream(ctx, js, batonnats.EventsConfig{})
+	_, _, err = batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 
 	wcfg := consumer.Config{

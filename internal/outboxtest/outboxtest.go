@@ -55,7 +55,7 @@ func Setup(t testing.TB) *Bundle {
 	b.JS, err = jetstream.New(b.NC)
 	require.NoError(t, err)
 	b.Stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
-	_, err = batonnats.EnsureStream(ctx, b.JS, b.Stream)
+	_, _, err = batonnats.ProvisionStream(ctx, b.JS, b.Stream, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	_, u, err := schema.CreateToken(ctx, b.DB.Pool, "tester")
 	require.NoError(t, err)

@@ -42,7 +42,7 @@ func TestThreeNodeClusterKeepsAReplicatedStreamThroughANodeRestart(t *testing.T)
 	// the stream.
 	for s == nil {
 		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		s, err = batonnats.EnsureStream(actx, js, batonnats.StreamConfig{Name: "R3", SubjectPrefix: "r3", Replicas: 3})
+		s, _, err = batonnats.ProvisionStream(actx, js, batonnats.StreamConfig{Name: "R3", SubjectPrefix: "r3", Replicas: 3}, batonnats.ProvisionOptions{})
 		acancel()
 		if err != nil {
 			require.NoError(t, ctx.Err(), "stream with 3 replicas not created: %v", err)
