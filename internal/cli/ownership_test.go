@@ -13,7 +13,7 @@ import (
 )
 
 // TestNonOwnersRefuseADisagreeingStreamSettingAndChangeNothing: the relay
-// owns the outbox stream. A worker, a group or a replay started with a
+// owns the outbox stream. A worker, a group, a replay or status started with a
 // stream setting that disagrees with the stream exits with a usage error
 // naming the setting and both values, and the stream is exactly as it
 // was; started with none of them, a worker takes the stream's settings and
@@ -36,7 +36,7 @@ func TestNonOwnersRefuseADisagreeingStreamSettingAndChangeNothing(t *testing.T) 
 	before := config()
 
 	conn := []string{"--database-url", db.URL, "--nats-url", n.URL, "--stream", "DRIFT"}
-	for _, cmd := range [][]string{{"worker"}, {"group", "run", "audit"}, {"replay", "--group", "audit", "--all", "--dry-run"}} {
+	for _, cmd := range [][]string{{"worker"}, {"group", "run", "audit"}, {"replay", "--group", "audit", "--all", "--dry-run"}, {"status"}} {
 		for _, tc := range []struct {
 			flag []string
 			want string

@@ -10,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/internal/status"
+	batonnats "github.com/batonhq/baton/nats"
 )
 
 // ExitNeedsAttention is the exit code of `baton status` when something
@@ -38,11 +40,20 @@ func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	defer pool.Close()
 
 	var js jetstream.JetStream
-	if nc, err := natsclient.Connect(c.NATSURL, natsclient.Timeout(3*time.Second), natsclient.Name("baton status")); err == nil {
+	log := env.Log.With().Str("component", "status").Logger()
+	if nc, err := connectNATS(c.NATS.Options("status"), log, natsclient.Timeout(3*time.Second), natsclient.MaxReconnects(0)); err == nil {
 		defer nc.Close()
 		js, _ = jetstream.New(nc)
+		// The stream is the relay's: a setting given here that disagrees
+		// with it is a mistake worth stopping on.
+		if explicit := c.StreamConfig(); explicit != (batonnats.StreamConfig{Name: explicit.Name}) {
+			if _, err := batonnats.JoinStream(ctx, js, explicit); err != nil && !errors.Is(err, batonnats.ErrStreamMissing) {
+				return settingError(c, setting.Within("Stream", err))
+			}
+		}
 	} else {
-		env.Log.Warn().Err(err).Str("nats_url", c.NATSURL).Msg("NATS is not reachable")
+		// The error names the server with its credentials redacted.
+		log.Warn().Err(err).Msg("NATS is not reachable")
 	}
 	gctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
