@@ -46,6 +46,28 @@ func ParseAnnouncement(payload []byte) (Announcement, error) {
 // JetStream's duplicate window (the row's attempts for a retry, the time
 // for a sweep or a user's retry), so a relay's republication never doubles
 // an announcement and a new one is never swallowed.
+//
+// Visibility: the relay may publish an announcement before the transaction
+// that made it is visible to other sessions (see ClaimTx). Each caller
+// leaves the claim that the trigger causes nothing to miss:
+//
+//   - recovery and a failed attempt (RecoverExpiredTx, RecoverRunTx,
+//     FailAttemptTx) lock the conversation row and release its lease in
+//     the announcing transaction, and a user's retry (RetryFailedTx) locks
+//     it FOR NO KEY UPDATE: the claim, which locks that row FOR UPDATE
+//     first, waits until the announcement's commit is visible;
+//   - the sweeper and a relay that recreated its slot (AnnounceStaleTx,
+//     AnnouncePendingTx) announce rows that were pending in a commit they
+//     could already see, so any later claim sees them pending too; the
+//     announcing transaction only locks and stamps them, and a claim that
+//     meets that lock waits for it and then takes the rows.
+//
+// A consumer group's handler gets the same early events but claims
+// nothing: a handler that reads the rows an event names (the message, the
+// outbox row) should first lock the conversation row FOR SHARE, which
+// waits for the producer's FOR NO KEY UPDATE (InsertMessageTx), or treat a
+// missing row as a retryable error. The built-in groups read only the
+// event.
 func AnnounceTx(ctx context.Context, tx Executor, reason batonnats.Reason, outboxIDs []int64) error {
 	if len(outboxIDs) == 0 {
 		return nil
