@@ -9,7 +9,9 @@ import (
 	natsclient "github.com/nats-io/nats.go"
 )
 
-// Header names carried by every outbox event.
+// Header names carried by every outbox event. The values of
+// Baton-Conversation-Id and Baton-Message-Id are encoded with
+// EncodeHeaderValue; the body holds the same ids as they are.
 const (
 	HeaderMsgID          = "Nats-Msg-Id"
 	HeaderOutboxID       = "Baton-Outbox-Id"
@@ -62,7 +64,8 @@ func (t Trigger) MsgID() string {
 	return id
 }
 
-// Msg builds the JetStream message for t.
+// Msg builds the JetStream message for t: the subject of its
+// conversation, the headers above, and the trigger as JSON.
 func (t Trigger) Msg(prefix string, partitions int) (*natsclient.Msg, error) {
 	body, err := json.Marshal(t)
 	if err != nil {
@@ -72,8 +75,8 @@ func (t Trigger) Msg(prefix string, partitions int) (*natsclient.Msg, error) {
 	m.Data = body
 	m.Header.Set(HeaderMsgID, t.MsgID())
 	m.Header.Set(HeaderOutboxID, strconv.FormatInt(t.OutboxID, 10))
-	m.Header.Set(HeaderConversationID, t.ConversationID)
-	m.Header.Set(HeaderMessageID, t.MessageID)
+	m.Header.Set(HeaderConversationID, EncodeHeaderValue(t.ConversationID))
+	m.Header.Set(HeaderMessageID, EncodeHeaderValue(t.MessageID))
 	m.Header.Set(HeaderReason, string(t.Reason))
 	return m, nil
 }

@@ -55,8 +55,8 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 	}
 	e.body = body
 
-	// The subject and "outbox-<id>[-<announcement>]" share one string; the
-	// outbox ID header is a part of the latter.
+	// The subject, "outbox-<id>[-<announcement>]" and the encoded ids share
+	// one string; the outbox ID header is a part of the second.
 	enc := base64.RawURLEncoding
 	b := e.scratch[:0]
 	b = append(b, e.prefix...)
@@ -72,13 +72,32 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 		b = append(b, '-')
 		b = append(b, t.Announcement...)
 	}
+	// Ids that need encoding (those of conversations older than
+	// server-chosen keys) are appended too; the others are used as they
+	// are, without a copy.
+	msgIDEnd := len(b)
+	conversationSafe := batonnats.HeaderValueSafe(t.ConversationID)
+	if !conversationSafe {
+		b = batonnats.AppendHeaderValue(b, t.ConversationID)
+	}
+	conversationEnd := len(b)
+	messageSafe := batonnats.HeaderValueSafe(t.MessageID)
+	if !messageSafe {
+		b = batonnats.AppendHeaderValue(b, t.MessageID)
+	}
 	e.scratch = b
 	s := string(b)
 
-	e.values[0] = s[subjectEnd:]
+	e.values[0] = s[subjectEnd:msgIDEnd]
 	e.values[1] = s[subjectEnd+len("outbox-") : idEnd]
 	e.values[2] = t.ConversationID
+	if !conversationSafe {
+		e.values[2] = s[msgIDEnd:conversationEnd]
+	}
 	e.values[3] = t.MessageID
+	if !messageSafe {
+		e.values[3] = s[conversationEnd:]
+	}
 	e.values[4] = string(t.Reason)
 	e.msg.Subject = s[:subjectEnd]
 	e.msg.Reply = ""

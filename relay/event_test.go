@@ -1,11 +1,13 @@
 package relay
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/docs/events"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -23,6 +25,18 @@ func requireSameMsg(t testing.TB, e *eventBuilder, tr batonnats.Trigger) {
 	require.Equal(t, want.Subject, got.Subject)
 	require.Equal(t, want.Header, got.Header)
 	require.Equal(t, string(want.Data), string(got.Data))
+	// Ids cross NATS as printable ASCII that no client trims, and decode
+	// back to the exact ids.
+	for name, id := range map[string]string{batonnats.HeaderConversationID: tr.ConversationID, batonnats.HeaderMessageID: tr.MessageID} {
+		v := got.Header.Get(name)
+		for i := 0; i < len(v); i++ {
+			require.True(t, v[i] >= ' ' && v[i] <= '~', "%s %q has byte 0x%02x: want printable ASCII", name, v, v[i])
+		}
+		require.Equal(t, strings.TrimSpace(v), v, "%s %q has a space at an end", name, v)
+		back, err := batonnats.DecodeHeaderValue(v)
+		require.NoError(t, err)
+		require.Equal(t, id, back, "%s decodes to the exact id", name)
+	}
 	if tr.OutboxID > 0 && tr.ConversationID != "" {
 		back, err := batonnats.ParseTrigger(got.Data)
 		require.NoError(t, err)
@@ -40,6 +54,7 @@ func TestEventMsgMatchesTriggerMsg(t *testing.T) {
 		{OutboxID: 42, ConversationID: "Ünïcödé 会話 🙂", MessageID: "<script>&\"quoted\"\\", CreatedAt: time.Date(1999, 12, 31, 23, 59, 59, 0, time.UTC), Reason: batonnats.ReasonSweep, Announcement: "s1700000000000000000"},
 		{OutboxID: 7, ConversationID: "ctl\x00\x01\x1f\b\f\n\r\t\x7f", MessageID: "bad utf8 \xff\xfe \xe2\x28\xa1", CreatedAt: created, Reason: batonnats.ReasonInsert},
 		{OutboxID: 8, ConversationID: "line\u2028sep\u2029", MessageID: "", CreatedAt: time.Time{}, Reason: ""},
+		{OutboxID: 10, ConversationID: " padded \u00a0", MessageID: "%41 100% ", CreatedAt: created, Reason: batonnats.ReasonUserRetry, Announcement: "u1"},
 		// RFC 3339 cannot hold year 10000: both must fail.
 		{OutboxID: 9, ConversationID: "c", MessageID: "m", CreatedAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), Reason: batonnats.ReasonInsert},
 	}
@@ -50,6 +65,48 @@ func TestEventMsgMatchesTriggerMsg(t *testing.T) {
 			for _, tr := range cases {
 				requireSameMsg(t, e, tr)
 				requireSameMsg(t, newEventBuilder("baton.outbox", partitions), tr)
+			}
+		}
+	}
+}
+
+// Every message the relay builds for a trigger Baton writes matches the
+// published event format, whatever its ids hold.
+func TestEventMsgMatchesTheEventSchema(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 3, 4, 5, 6, 7, 891011000, time.UTC)
+	ids := []string{
+		"c_0192f5a0-7c1e-7d3b-9a51-3c2f1e0d4b6a",
+		"conv.with*odd>chars and spaces",
+		" leading and trailing ",
+		"Ünïcödé 会話 🙂",
+		"<script>&\"quoted\"\\",
+		"ctl\x01\x1f\b\f\n\r\t\x7f",
+		"bad utf8 \xff\xfe \xe2\x28\xa1",
+		"line\u2028sep\u2029",
+		"100%25 %",
+		strings.Repeat("会", 200),
+	}
+	reasons := []struct {
+		reason       batonnats.Reason
+		announcement string
+	}{
+		{batonnats.ReasonInsert, ""},
+		{batonnats.ReasonRetry, "a3"},
+		{batonnats.ReasonSweep, "s1700000000000000000"},
+		{batonnats.ReasonUserRetry, "u1700000000000000001"},
+	}
+	for _, partitions := range []int{1, 16} {
+		e := newEventBuilder(batonnats.DefaultSubjectPrefix, partitions)
+		for i, id := range ids {
+			for j, r := range reasons {
+				tr := batonnats.Trigger{
+					OutboxID: int64(1 + i*len(reasons) + j), ConversationID: id, MessageID: ids[len(ids)-1-i],
+					CreatedAt: created.In(time.FixedZone("x", j*-5400)), Reason: r.reason, Announcement: r.announcement,
+				}
+				m, err := e.build(&tr)
+				require.NoError(t, err)
+				require.NoError(t, events.ValidateMessage(events.KindTrigger, m.Subject, m.Header, m.Data))
 			}
 		}
 	}
@@ -71,4 +128,29 @@ func FuzzEventMsg(f *testing.F) {
 		}
 		requireSameMsg(t, e, tr)
 	})
+}
+
+// BenchmarkEventBuild measures the relay's cost per outbox row: one build
+// of a trigger's message. "ascii" is a conversation of today (server-chosen
+// keys); "legacy" one whose client-chosen keys need encoding in headers.
+func BenchmarkEventBuild(b *testing.B) {
+	created := time.Date(2026, 3, 4, 5, 6, 7, 891011000, time.UTC)
+	for _, bc := range []struct {
+		name string
+		tr   batonnats.Trigger
+	}{
+		{"ascii", batonnats.Trigger{OutboxID: 123456, ConversationID: "c_0192f5a0-7c1e-7d3b-9a51-3c2f1e0d4b6a", MessageID: "m_0192f5a0-7c1e-7d3b-9a51-3c2f1e0d4b6b", CreatedAt: created, Reason: batonnats.ReasonInsert}},
+		{"legacy", batonnats.Trigger{OutboxID: 123456, ConversationID: " Ünïcödé 会話 a.b*c>d ", MessageID: "message 1 🙂", CreatedAt: created, Reason: batonnats.ReasonRetry, Announcement: "a2"}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			e := newEventBuilder("baton.outbox", 16)
+			tr := bc.tr
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.build(&tr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

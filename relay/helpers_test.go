@@ -183,13 +183,15 @@ func streamEvents(t testing.TB, js jetstream.JetStream) []event {
 			require.NoError(t, err)
 			id, err := strconv.ParseInt(m.Headers().Get(batonnats.HeaderOutboxID), 10, 64)
 			require.NoError(t, err)
+			conv, err := batonnats.DecodeHeaderValue(m.Headers().Get(batonnats.HeaderConversationID))
+			require.NoError(t, err)
 			out = append(out, event{
 				Seq:            md.Sequence.Stream,
 				Stored:         md.Timestamp,
 				Subject:        m.Subject(),
 				MsgID:          m.Headers().Get(batonnats.HeaderMsgID),
 				OutboxID:       id,
-				ConversationID: m.Headers().Get(batonnats.HeaderConversationID),
+				ConversationID: conv,
 				Reason:         m.Headers().Get(batonnats.HeaderReason),
 				Trigger:        tr,
 			})

@@ -45,7 +45,10 @@ type Event struct {
 	StreamSeq uint64
 	// Subject is "<prefix>.<partition>.<conversation token>".
 	Subject string
-	// Header holds the relay's headers (Nats-Msg-Id, Baton-*).
+	// Header holds the relay's headers (Nats-Msg-Id, Baton-*) as
+	// published: Baton-Conversation-Id and Baton-Message-Id are encoded
+	// (batonnats.DecodeHeaderValue reads them, batonnats.TriggerOfHeader
+	// all of them). The embedded Trigger holds the exact ids.
 	Header natsclient.Header
 	// PublishedAt is when the stream stored the event.
 	PublishedAt time.Time
@@ -58,7 +61,8 @@ type Event struct {
 
 // eventOf reads a delivered message. A body that is not a trigger comes
 // back as an error with the event's identity filled in, so the message can
-// be parked under its ID.
+// be parked under its ID, and with the trigger its headers name, when they
+// name one, so the dead letter names its outbox row.
 func eventOf(group string, msg jetstream.Msg) (Event, error) {
 	ev := Event{Group: group, Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(), Attempt: 1}
 	md, err := msg.Metadata()
@@ -75,6 +79,9 @@ func eventOf(group string, msg jetstream.Msg) (Event, error) {
 	}
 	t, err := batonnats.ParseTrigger(msg.Data())
 	if err != nil {
+		if ht, herr := batonnats.TriggerOfHeader(msg.Headers()); herr == nil {
+			ev.Trigger = ht
+		}
 		return ev, err
 	}
 	ev.Trigger = t
