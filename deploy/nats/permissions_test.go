@@ -248,7 +248,7 @@ func checkLiveAndEventsReachTheAPI(ctx context.Context, c *cluster) error {
 	// Both on one node: a subscription reaches the other nodes a moment
 	// after the subscriber's flush, and a live delta published before
 	// that is gone, as core NATS promises.
-	node := c.servers[0].ClientURL()
+	node := c.Servers[0].ClientURL()
 	api, err := c.dialAt("api", node)
 	if err != nil {
 		return err
@@ -703,13 +703,13 @@ func checkTLSAndMonitoring(ctx context.Context, c *cluster) error {
 	if state, err := worker.nc.TLSConnectionState(); err != nil || !state.HandshakeComplete {
 		return fmt.Errorf("the worker's connection should be TLS: %v", err)
 	}
-	for _, s := range c.servers {
+	for _, s := range c.Servers {
 		routes, err := s.Routez(&server.RoutezOptions{})
 		if err != nil {
 			return err
 		}
-		if routes.NumRoutes < len(c.servers)-1 {
-			return fmt.Errorf("node %s has %d routes, want at least %d", s.Name(), routes.NumRoutes, len(c.servers)-1)
+		if routes.NumRoutes < len(c.Servers)-1 {
+			return fmt.Errorf("node %s has %d routes, want at least %d", s.Name(), routes.NumRoutes, len(c.Servers)-1)
 		}
 		if err := checkRouteRequiresACertificate(s.ClusterAddr().String(), filepath.Join(c.Certs, "ca.pem")); err != nil {
 			return fmt.Errorf("node %s: %w", s.Name(), err)
