@@ -30,6 +30,7 @@ type bundle struct {
 	alice   string // token
 	bob     string // token
 	aliceID int64
+	natsURL string
 	client  *http.Client
 }
 

@@ -13,9 +13,10 @@ import (
 
 // PostgreSQL error codes the relay acts on.
 const (
-	pgDuplicateObject = "42710"
-	pgObjectInUse     = "55006"
-	pgUndefinedObject = "42704"
+	pgDuplicateObject       = "42710"
+	pgObjectInUse           = "55006"
+	pgUndefinedObject       = "42704"
+	pgInsufficientPrivilege = "42501"
 )
 
 func pgCode(err error) string {
@@ -26,9 +27,13 @@ func pgCode(err error) string {
 	return ""
 }
 
-// ensurePublication creates the publication of agent_outbox inserts when it
-// is missing. It must exist before the slot: pgoutput looks publications up
-// as of each decoded transaction.
+// ensurePublication checks that the publication of agent_outbox inserts
+// exists. It must exist before the slot: pgoutput looks publications up as
+// of each decoded transaction. `baton migrate` creates the default one
+// (the schema's owner owns it), so a relay that runs with only the rights
+// it needs finds it there. One that is missing is created when the relay's
+// user may (development, one superuser for everything); otherwise the
+// error says what to run.
 func (r *Relay) ensurePublication(ctx context.Context) error {
 	var exists bool
 	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.Publication).Scan(&exists); err != nil {
@@ -37,12 +42,15 @@ func (r *Relay) ensurePublication(ctx context.Context) error {
 	if exists {
 		return nil
 	}
-	_, err := r.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{r.cfg.Publication}.Sanitize()+` FOR TABLE agent_outbox WITH (publish = 'insert')`)
-	if pgCode(err) == pgDuplicateObject {
+	create := `CREATE PUBLICATION ` + pgx.Identifier{r.cfg.Publication}.Sanitize() + ` FOR TABLE agent_outbox WITH (publish = 'insert')`
+	_, err := r.pool.Exec(ctx, create)
+	switch {
+	case pgCode(err) == pgDuplicateObject:
 		return nil // another relay was faster
-	}
-	if err != nil {
-		return fmt.Errorf("create publication %s (the relay's database user needs CREATE on the database and ownership of agent_outbox): %w", r.cfg.Publication, err)
+	case pgCode(err) == pgInsufficientPrivilege:
+		return &fatalError{fmt.Errorf("publication %s does not exist and the relay's database user may not create it: run `baton migrate` as the schema's owner (it creates %s), or as the owner of agent_outbox: %s", r.cfg.Publication, DefaultPublication, create)}
+	case err != nil:
+		return fmt.Errorf("create publication %s: %w", r.cfg.Publication, err)
 	}
 	r.log.Info().Str("publication", r.cfg.Publication).Msg("publication created")
 	return nil

@@ -82,6 +82,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		kong.UsageOnError(),
 		kong.Exit(func(code int) { panic(exitSentinel{code}) }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Resolvers(secretFiles()),
 	)
 	if err != nil {
 		return err
@@ -105,6 +106,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return &UsageError{Err: err}
 	}
+	warnSecretsOnCommandLine(args, log)
 	env := &Env{Stdout: stdout, Stderr: stderr, Log: log}
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	return kctx.Run(env)

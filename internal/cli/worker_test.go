@@ -20,6 +20,9 @@ func TestWorkerWithOnlyALeaseUsesItAsTheAckWait(t *testing.T) {
 	db := testenv.Database(t)
 	n := testenv.StartNATS(t)
 	_, js := n.Connect(t)
+	// The relay owns the stream; a worker waits for it and reads it.
+	_, _, err := batonnats.ProvisionStream(context.Background(), js, batonnats.StreamConfig{}, batonnats.ProvisionOptions{})
+	require.NoError(t, err)
 	stop := start(t, "worker", "--lease", "2m", "--database-url", db.URL, "--nats-url", n.URL)
 
 	var info *jetstream.ConsumerInfo
