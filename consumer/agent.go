@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/batonhq/baton/schema"
 )
@@ -31,13 +32,42 @@ type Turn struct {
 	Attempt int
 	// Messages are the user messages of the turn, in order.
 	Messages []schema.Message
-	// History is what was said before, oldest first.
+	// History is what was said before, oldest first: the newest
+	// Config.HistoryLimit messages.
 	History []schema.Message
+	// MoreHistory, when set, loads up to limit messages said before the
+	// message whose Seq is beforeSeq, newest first, for an agent whose
+	// context budget can use more than History holds. It reads only what
+	// is asked for.
+	MoreHistory func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error)
 }
 
 // Reply is an agent's answer.
 type Reply struct {
 	Content string
+	// Truncated is set when the model stopped before the end of its
+	// answer (it ran out of output tokens): the reply is stored and shown
+	// as cut off, never as a silent whole.
+	Truncated bool
+}
+
+// RetryAfterError marks an agent error that asks for the next attempt no
+// sooner than RetryAfter from now (a model server's rate limit or
+// overload with Retry-After): the turn goes back to pending with that
+// not-before time instead of waiting inside its lease, and the user sees
+// that it is waiting for the model.
+type RetryAfterError interface {
+	error
+	RetryAfter() time.Duration
+}
+
+// retryAfter returns the wait an error asks for, or zero.
+func retryAfter(err error) time.Duration {
+	var r RetryAfterError
+	if errors.As(err, &r) {
+		return max(r.RetryAfter(), 0)
+	}
+	return 0
 }
 
 // Effect says whether a tool changes the world. Recovery depends on it: an
@@ -88,7 +118,8 @@ var ErrUnknownTool = errors.New("unknown tool")
 
 // TerminalError marks an agent error that another attempt cannot fix (a
 // refused API key, an unknown model, an exhausted budget): the turn fails
-// at once, with the error's message shown to the user.
+// at once. The user reads its UserText() when it has one (a short
+// explanation naming no setting or server), the operator its Error().
 type TerminalError interface {
 	error
 	Terminal() bool

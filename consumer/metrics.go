@@ -14,6 +14,7 @@ type metrics struct {
 	recoveries     *prometheus.CounterVec // by outcome: retry, failed
 	deduplicated   prometheus.Counter
 	busy           prometheus.Counter
+	waiting        prometheus.Counter
 	inFlight       prometheus.Gauge
 	operations     *prometheus.CounterVec // by tool and status
 	triggersBroken prometheus.Counter
@@ -46,6 +47,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		busy: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "baton_triggers_delayed_busy_total", Help: "Triggers delayed because another run owned the conversation.",
 		}),
+		waiting: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_triggers_delayed_waiting_total", Help: "Triggers delayed because the model server asked the conversation to wait (Retry-After).",
+		}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "baton_conversations_in_flight", Help: "Conversations with a turn running on this worker.",
 		}),
@@ -60,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reg = prometheus.NewRegistry()
 	}
 	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.attempts, m.insertToClaim, m.insertToFinal,
-		m.recoveries, m.deduplicated, m.busy, m.inFlight, m.operations, m.triggersBroken} {
+		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -44,6 +44,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		return err
 	})
 	var busy *schema.BusyError
+	var wait *schema.WaitError
 	switch {
 	case errors.As(err, &busy):
 		// Another run owns the conversation: look again once it is likely
@@ -55,6 +56,14 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		return
 	case errors.Is(err, schema.ErrConversationDeleted):
 		ackAll(batch)
+		return
+	case errors.As(err, &wait):
+		// The model server asked to wait: the triggers come back when the
+		// wait is over, and nobody holds the conversation meanwhile.
+		delay := max(time.Until(wait.NotBefore)+10*time.Millisecond, 10*time.Millisecond)
+		w.metrics.waiting.Add(float64(len(batch)))
+		log.Debug().Time("not_before", wait.NotBefore).Msg("conversation waits for the model server; delaying triggers")
+		nakAll(batch, delay)
 		return
 	case err != nil:
 		if w.hardCtx.Err() == nil {
@@ -119,6 +128,9 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 			Attempt:        claim.Attempts,
 			Messages:       in.Messages,
 			History:        in.History,
+			MoreHistory: func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error) {
+				return schema.LoadHistoryBefore(ctx, w.cfg.Pool, claim.ConversationID, beforeSeq, limit)
+			},
 		}, &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics})
 	}()
 	stopRenewal()
@@ -169,6 +181,7 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetst
 		TurnID:         claim.TurnID,
 		OutboxIDs:      claim.OutboxIDs,
 		Content:        reply.Content,
+		Truncated:      reply.Truncated,
 	})
 	switch {
 	case errors.Is(err, schema.ErrConversationDeleted):
@@ -232,6 +245,7 @@ func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []je
 			UserText:       userText(cause),
 			MaxAttempts:    w.cfg.MaxAttempts,
 			Terminal:       IsTerminal(cause),
+			NotBefore:      retryAfter(cause),
 		})
 		if err != nil {
 			return err
@@ -260,8 +274,14 @@ func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []je
 		return
 	}
 	w.metrics.turnsFinished.WithLabelValues("retried").Inc()
-	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventPending, OutboxIDs: claim.OutboxIDs})
-	log.Info().Err(cause).Int("attempts", out.Attempts).Msg("attempt failed; turn announced again")
+	ev := batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventPending, OutboxIDs: claim.OutboxIDs}
+	if !out.NotBefore.IsZero() {
+		ev.Type, ev.NotBefore = batonnats.EventWaiting, &out.NotBefore
+		log.Info().Err(cause).Int("attempts", out.Attempts).Time("not_before", out.NotBefore).Msg("the model server asked to wait; the next attempt waits for it")
+	} else {
+		log.Info().Err(cause).Int("attempts", out.Attempts).Msg("attempt failed; turn announced again")
+	}
+	w.emit(ev)
 }
 
 // giveUp ends a turn cut short by shutdown with the recovery rule, at once
@@ -271,7 +291,7 @@ func (w *Worker) giveUp(ctx context.Context, log zerolog.Logger, batch []jetstre
 	var r schema.Recovery
 	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
-		r, err = schema.RecoverRunTx(ctx, tx, claim.ConversationID, claim.RunID, w.cfg.MaxAttempts)
+		r, err = schema.RecoverRunTx(ctx, tx, claim.ConversationID, claim.RunID, w.cfg.MaxAttempts, schema.RecoveryReasonShutdown)
 		if err != nil {
 			return err
 		}

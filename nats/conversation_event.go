@@ -31,6 +31,9 @@ const (
 	// EventPending: an attempt failed or was recovered; its messages wait
 	// for another attempt.
 	EventPending EventType = "pending"
+	// EventWaiting: the model server asked to wait; the messages wait for
+	// another attempt, which starts no sooner than NotBefore.
+	EventWaiting EventType = "waiting"
 	// EventReplied: a reply was committed.
 	EventReplied EventType = "replied"
 	// EventFailed: a turn gave up; a visible error message was committed.
@@ -53,7 +56,9 @@ type ConversationEvent struct {
 	TurnID         string    `json:"turn_id,omitempty"`
 	MessageID      string    `json:"message_id,omitempty"`
 	OutboxIDs      []int64   `json:"outbox_ids,omitempty"`
-	At             time.Time `json:"at"`
+	// NotBefore is when a waiting turn's next attempt may start.
+	NotBefore *time.Time `json:"not_before,omitempty"`
+	At        time.Time  `json:"at"`
 }
 
 // EventsConfig is the conversation events stream.

@@ -111,6 +111,21 @@ func (e *BusyError) Error() string {
 
 func (e *BusyError) Unwrap() error { return ErrConversationBusy }
 
+// ErrConversationWaiting: the model server asked the conversation's turn
+// to wait (Retry-After); nothing may be claimed before then.
+var ErrConversationWaiting = errors.New("conversation waits for the model server")
+
+// WaitError is ErrConversationWaiting with the time the wait ends.
+type WaitError struct {
+	NotBefore time.Time
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("%s until %s", ErrConversationWaiting, e.NotBefore.Format(time.RFC3339Nano))
+}
+
+func (e *WaitError) Unwrap() error { return ErrConversationWaiting }
+
 // ClaimTx claims a conversation's pending rows for one run, in the caller's
 // transaction: it takes the conversation lease if no live run holds it
 // (recovering an expired holder inline, by the rule of RecoverRunTx), marks
@@ -139,11 +154,12 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	// conversation across processes: a plain select followed by an update
 	// would let two workers take the same rows.
 	var owner *string
-	var expires *time.Time
-	var expired bool
+	var expires, notBefore *time.Time
+	var expired, waiting bool
 	err := tx.QueryRow(ctx, `
-		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false)
-		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired)
+		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false),
+			not_before, COALESCE(not_before > now(), false)
+		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Claim{}, ErrConversationDeleted
 	}
@@ -155,11 +171,13 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 		if !expired {
 			return Claim{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
 		}
-		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts)
+		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, RecoveryReasonLeaseExpired)
 		if err != nil {
 			return Claim{}, err
 		}
 		c.Recovered = &rec
+	} else if waiting {
+		return Claim{}, &WaitError{NotBefore: *notBefore}
 	}
 	limit := int64(p.MaxRows)
 	if limit <= 0 {
@@ -209,7 +227,7 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	err = tx.QueryRow(ctx, `
 		WITH lease AS (
 			UPDATE conversations
-			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
 			WHERE id = $1
 			RETURNING lease_expires_at)
 		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
@@ -269,6 +287,22 @@ func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs
 		return in, fmt.Errorf("load history: %w", err)
 	}
 	return in, nil
+}
+
+// LoadHistoryBefore loads up to limit messages of the conversation said
+// before the message whose Seq is beforeSeq, newest first, without those
+// waiting for a later turn: what an agent whose context budget has room
+// for more than LoadTurn's history reads, a page at a time.
+func LoadHistoryBefore(ctx context.Context, db Executor, conversationID string, beforeSeq int64, limit int) ([]Message, error) {
+	rows, err := db.Query(ctx, `
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
+		WHERE m.conversation_id = $1 AND m.seq < $2 AND (o.id IS NULL OR o.status IN ('done', 'error'))
+		ORDER BY m.seq DESC LIMIT $3`, conversationID, beforeSeq, limit)
+	if err != nil {
+		return nil, fmt.Errorf("load history: %w", err)
+	}
+	return scanMessages(rows)
 }
 
 func scanMessages(rows pgx.Rows) ([]Message, error) {

@@ -54,8 +54,11 @@ func newKey(prefix string) string {
 type TurnState string
 
 const (
-	TurnIdle       TurnState = "idle"
-	TurnPending    TurnState = "pending"
+	TurnIdle    TurnState = "idle"
+	TurnPending TurnState = "pending"
+	// TurnWaiting: pending, and the model server asked to wait before the
+	// next attempt.
+	TurnWaiting    TurnState = "waiting"
 	TurnProcessing TurnState = "processing"
 	TurnFailed     TurnState = "failed"
 )
@@ -98,7 +101,8 @@ const conversationColumns = `
 	c.public_id, c.id, coalesce(c.run_id, ''), c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
 	CASE
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
-		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending') THEN 'pending'
+		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending')
+			THEN CASE WHEN c.not_before > now() THEN 'waiting' ELSE 'pending' END
 		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'
 		ELSE 'idle'
 	END`

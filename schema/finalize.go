@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Finalize is the end of a successful turn.
@@ -13,6 +14,8 @@ type Finalize struct {
 	OutboxIDs      []int64
 	// Content of the assistant reply.
 	Content string
+	// Truncated marks a reply the model cut off.
+	Truncated bool
 }
 
 // Finalized says what FinalizeTx committed.
@@ -39,9 +42,9 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 	// what notices a deleted conversation, and it takes the key-share lock
 	// that keeps the conversation from being deleted until commit.
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content, run_id, turn_id)
-		VALUES ($1, $2, 'assistant', $3, $4, $5)`,
-		out.MessageID, f.ConversationID, f.Content, f.RunID, f.TurnID); err != nil {
+		INSERT INTO messages (id, conversation_id, role, content, truncated, run_id, turn_id)
+		VALUES ($1, $2, 'assistant', $3, $4, $5, $6)`,
+		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.RunID, f.TurnID); err != nil {
 		switch {
 		case IsForeignKeyViolation(err):
 			return Finalized{}, ErrConversationDeleted
@@ -120,6 +123,10 @@ type Failure struct {
 	// Terminal gives up at once, whatever the attempts: a side effect has
 	// happened and repeating the turn could repeat it.
 	Terminal bool
+	// NotBefore, when positive, is how long the next attempt must wait
+	// (the model server's Retry-After): under the cap the rows go back to
+	// pending and the conversation may not be claimed before then.
+	NotBefore time.Duration
 }
 
 // FailOutcome says what FailAttemptTx committed.
@@ -132,6 +139,9 @@ type FailOutcome struct {
 	// in the same transaction.
 	RetryIDs []int64
 	Attempts int
+	// NotBefore is when the next attempt may start, when the failure
+	// asked to wait; zero otherwise.
+	NotBefore time.Time
 }
 
 // FailAttemptTx records a failed attempt in the caller's transaction, fenced
@@ -163,6 +173,13 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 			UPDATE agent_runs SET status = 'failed', error = $2, finished_at = clock_timestamp() WHERE id = $1`,
 			f.RunID, f.Reason); err != nil {
 			return out, fmt.Errorf("fail attempt: record run: %w", err)
+		}
+		if f.NotBefore > 0 {
+			if err := tx.QueryRow(ctx, `
+				UPDATE conversations SET not_before = clock_timestamp() + make_interval(secs => $2)
+				WHERE id = $1 RETURNING not_before`, f.ConversationID, f.NotBefore.Seconds()).Scan(&out.NotBefore); err != nil {
+				return out, fmt.Errorf("fail attempt: record the wait: %w", err)
+			}
 		}
 		out.RetryIDs = f.OutboxIDs
 		return out, nil

@@ -33,6 +33,8 @@ type Message struct {
 	// Seq orders the messages of a conversation; it is also the cursor of
 	// ListMessages.
 	Seq int64 `json:"seq"`
+	// Truncated marks a reply the model cut off before its end.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // UserMessage is what a producer writes: whose it is, the owner's ids of
@@ -178,7 +180,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq, o.status
+		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq, o.status, m.truncated
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
 		ORDER BY m.seq
@@ -190,7 +192,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 	out := []Message{}
 	for rows.Next() {
 		msg := Message{ConversationID: conversationID}
-		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status); err != nil {
+		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated); err != nil {
 			return nil, err
 		}
 		out = append(out, msg)

@@ -68,7 +68,7 @@ func RecoverExpiredTx(ctx context.Context, tx Executor, limit, maxAttempts int) 
 	}
 	var out []Recovery
 	for _, e := range found {
-		r, err := recoverRunTx(ctx, tx, e.conversation, e.run, maxAttempts)
+		r, err := recoverRunTx(ctx, tx, e.conversation, e.run, maxAttempts, RecoveryReasonLeaseExpired)
 		if err != nil {
 			return out, err
 		}
@@ -81,7 +81,7 @@ func RecoverExpiredTx(ctx context.Context, tx Executor, limit, maxAttempts int) 
 // worker that shuts down gives up its own unfinished turns this way instead
 // of leaving them to lease expiry. It locks the conversation and does
 // nothing (RecoveryNone) when the run no longer owns it.
-func RecoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int) (Recovery, error) {
+func RecoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int, reason string) (Recovery, error) {
 	var owner *string
 	err := tx.QueryRow(ctx, `SELECT run_id FROM conversations WHERE id = $1 FOR UPDATE`, conversationID).Scan(&owner)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -93,8 +93,14 @@ func RecoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 	if owner == nil || *owner != runID {
 		return Recovery{ConversationID: conversationID, RunID: runID, Outcome: RecoveryNone}, nil
 	}
-	return recoverRunTx(ctx, tx, conversationID, runID, maxAttempts)
+	return recoverRunTx(ctx, tx, conversationID, runID, maxAttempts, reason)
 }
+
+// Why a run is recovered, as its record says.
+const (
+	RecoveryReasonLeaseExpired = "lease expired before the turn finished"
+	RecoveryReasonShutdown     = "the worker shut down before the turn finished"
+)
 
 // recoverRunTx applies the reference's recovery rule to a run that owns the
 // conversation, whose row the caller has locked:
@@ -106,7 +112,7 @@ func RecoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 //     effect, and a started write may have happened;
 //   - rows already at the attempt cap: they fail too, or a turn that kills
 //     its worker every time would loop forever.
-func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int) (Recovery, error) {
+func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int, reason string) (Recovery, error) {
 	r := Recovery{ConversationID: conversationID, RunID: runID}
 	var outboxIDs []int64
 	var writes []string
@@ -131,18 +137,18 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 			return r, fmt.Errorf("recover run %s: %w", runID, err)
 		}
 		if _, err := tx.Exec(ctx, `
-			UPDATE agent_runs SET status = 'recovered', error = 'lease expired before the turn finished', finished_at = clock_timestamp()
-			WHERE id = $1`, runID); err != nil {
+			UPDATE agent_runs SET status = 'recovered', error = $2, finished_at = clock_timestamp()
+			WHERE id = $1`, runID, reason); err != nil {
 			return r, fmt.Errorf("recover: record run: %w", err)
 		}
 		r.Outcome = RecoveryRetry
 		r.RetryIDs = outboxIDs
 		return r, nil
 	}
-	reason := fmt.Sprintf("lease expired at attempt %d, the cap: the worker stopped (crashed, killed or cut off) without an answer every time", attempts)
+	cause := fmt.Sprintf("%s at attempt %d, the cap: every attempt stopped without an answer", reason, attempts)
 	userText := fmt.Sprintf("The assistant stopped after %d attempts without an answer. Press Retry or send your message again.", attempts)
 	if len(writes) > 0 {
-		reason = fmt.Sprintf("lease expired after the run started the write %q, which was not repeated", writes[0])
+		cause = fmt.Sprintf("%s after the run started the write %q, which was not repeated", reason, writes[0])
 		userText = startedWriteText(writes[0])
 	}
 	out, err := FailAttemptTx(ctx, tx, Failure{
@@ -150,7 +156,7 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 		RunID:          runID,
 		TurnID:         r.TurnID,
 		OutboxIDs:      outboxIDs,
-		Reason:         reason,
+		Reason:         cause,
 		UserText:       userText,
 		MaxAttempts:    maxAttempts,
 		Terminal:       true,

@@ -115,7 +115,7 @@ function render() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   box.innerHTML = "";
   const known = new Set(messages.map((m) => m.id));
-  for (const m of messages) box.append(bubble(m.role, m.content, m.role === "user" ? m.status : "", m.id));
+  for (const m of messages) box.append(bubble(m.role, m.content, m.role === "user" ? m.status : m.truncated ? "cut off: the model stopped before the end" : "", m.id));
   for (const u of unsent().filter((u) => u.cid === current && !known.has(u.id))) {
     const el = bubble("user", u.content, u.rejected ? "not sent: " + u.rejected : "not sent yet", u.id);
     el.classList.add(u.rejected ? "rejected" : "unsent");
@@ -149,6 +149,7 @@ function renderState() {
   }
   if (conv.turn_state === "processing") st.innerHTML = '<span id="thinking">thinking</span>';
   else if (conv.turn_state === "pending") st.textContent = "queued";
+  else if (conv.turn_state === "waiting") st.innerHTML = '<span id="waiting">waiting for the model</span>';
   else if (conv.turn_state === "failed") {
     st.innerHTML = '<span id="failed">The last turn failed. </span>';
     const b = document.createElement("button"); b.id = "retry"; b.type = "button"; b.textContent = "Retry";

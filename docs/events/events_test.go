@@ -458,8 +458,8 @@ func TestSchemaRefusesRenamedDroppedOrUnknownFields(t *testing.T) {
 	t.Parallel()
 	full := map[string]any{
 		events.KindTrigger: batonnats.Trigger{OutboxID: 1, ConversationID: "c", MessageID: "m", CreatedAt: created, Reason: batonnats.ReasonRetry, Announcement: "a1"},
-		events.KindConversationEvent: batonnats.ConversationEvent{Type: batonnats.EventReplied, ConversationID: "c", RunID: "r", TurnID: "t",
-			MessageID: "m", OutboxIDs: []int64{1}, At: created},
+		events.KindConversationEvent: batonnats.ConversationEvent{Type: batonnats.EventWaiting, ConversationID: "c", RunID: "r", TurnID: "t",
+			MessageID: "m", OutboxIDs: []int64{1}, NotBefore: &created, At: created},
 		events.KindLiveDelta: batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaText, Text: "x"},
 	}
 	for _, kind := range events.Kinds() {

@@ -395,3 +395,24 @@ func TestBrowserSaysSoWhenItsTokenIsRevoked(t *testing.T) {
 	p.waitJS("the page to say the token was revoked", `document.getElementById("conn").textContent.includes("token revoked")`, 15*time.Second)
 	p.screenshot("token-revoked")
 }
+
+// truncatingAgent answers like a model that ran out of output tokens.
+type truncatingAgent struct{}
+
+func (truncatingAgent) Run(context.Context, consumer.Turn, consumer.ToolExecutor) (consumer.Reply, error) {
+	return consumer.Reply{Content: "The first half of an answer", Truncated: true}, nil
+}
+
+// TestBrowserShowsAReplyTheModelCutOff: a reply stopped by the model's
+// output limit is marked through the API and on the page.
+func TestBrowserShowsAReplyTheModelCutOff(t *testing.T) {
+	p := startPage(t, func(c *consumer.Config, _ *natsclient.Conn) { c.Agent = truncatingAgent{} })
+	p.newConversation("cut")
+	p.send("a long question")
+	p.waitJS("the cut-off reply", hasBubble("assistant", "The first half of an answer"), 20*time.Second)
+	p.waitJS("its mark", `[...document.querySelectorAll('.msg[data-role=assistant]')].some(e => e.textContent.includes("cut off"))`, 5*time.Second)
+	p.screenshot("truncated")
+	var truncated bool
+	require.NoError(t, p.db.Pool.QueryRow(context.Background(), `SELECT truncated FROM messages WHERE role = 'assistant'`).Scan(&truncated))
+	require.True(t, truncated)
+}
