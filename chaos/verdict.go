@@ -214,7 +214,7 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 			a.started_at::text || ' .. ' || a.finished_at::text, b.started_at::text || ' .. ' || b.finished_at::text
 		FROM agent_runs a JOIN agent_runs b
 			ON a.conversation_id = b.conversation_id AND a.id < b.id
-		WHERE a.status IN ('finalized', 'failed', 'recovered') AND b.status IN ('finalized', 'failed', 'recovered')
+		WHERE a.status IN ('finalized', 'failed', 'recovered', 'superseded') AND b.status IN ('finalized', 'failed', 'recovered', 'superseded')
 			AND a.started_at < b.finished_at AND b.started_at < a.finished_at`, func(s []string) {
 		v.check(CheckOverlap).add("runs %s (%s, %s) and %s (%s, %s) of conversation %s overlapped", s[0], s[1], s[5], s[2], s[3], s[6], s[4])
 	}); err != nil {

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +45,29 @@ type journal struct {
 	runID          string
 	crash          *crasher
 	metrics        *metrics
+
+	// mu orders a write's start against superseding: once a write has
+	// started, the turn must end with its own reply or error; once the
+	// turn is being superseded, no write starts.
+	mu         sync.Mutex
+	wrote      bool
+	superseded bool
+}
+
+// errSuperseded ends a turn that newer messages of its conversation
+// replace before it did anything that cannot be repeated.
+var errSuperseded = errors.New("newer messages of the conversation arrived: the turn is answered again with them")
+
+// supersede closes the journal to writes and reports true, unless a write
+// has started already.
+func (j *journal) supersede() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.wrote {
+		return false
+	}
+	j.superseded = true
+	return true
 }
 
 func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
@@ -53,6 +78,15 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	args := call.Arguments
 	if len(args) == 0 {
 		args = json.RawMessage(`{}`)
+	}
+	if tool.Effect() == EffectWrite {
+		j.mu.Lock()
+		if j.superseded {
+			j.mu.Unlock()
+			return "", errSuperseded
+		}
+		j.wrote = true
+		j.mu.Unlock()
 	}
 	inv := Invocation{
 		IdempotencyKey: IdempotencyKey(j.runID, call.ID),

@@ -18,9 +18,13 @@ type mailbox struct {
 	// oldest waits; guarded by Worker.mu.
 	waiting []jetstream.Msg
 	since   time.Time
-	// more is set when a capped turn left pending rows: the mailbox runs
-	// another turn even with no trigger waiting.
+	// more is set when a capped or superseded turn left pending rows: the
+	// mailbox runs another turn even with no trigger waiting.
 	more bool
+	// lastArrival is when the newest trigger arrived; arrived tells a
+	// running turn that one did (a newer message may supersede it).
+	lastArrival time.Time
+	arrived     chan struct{}
 }
 
 // dispatch puts a trigger into its conversation's mailbox, starting the
@@ -41,15 +45,21 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 	defer w.mu.Unlock()
 	mb := w.mailboxes[conversationID]
 	if mb == nil {
-		mb = &mailbox{conversationID: conversationID}
+		mb = &mailbox{conversationID: conversationID, arrived: make(chan struct{}, 1)}
 		w.mailboxes[conversationID] = mb
 		w.wg.Add(1)
 		go w.runMailbox(mb)
 	}
+	now := time.Now()
 	if len(mb.waiting) == 0 {
-		mb.since = time.Now()
+		mb.since = now
 	}
+	mb.lastArrival = now
 	mb.waiting = append(mb.waiting, msg)
+	select {
+	case mb.arrived <- struct{}{}:
+	default:
+	}
 }
 
 // conversationOf reads the conversation from the subject, which the relay
@@ -70,7 +80,7 @@ func (w *Worker) conversationOf(msg jetstream.Msg) (string, error) {
 func (w *Worker) runMailbox(mb *mailbox) {
 	defer w.wg.Done()
 	for {
-		if !w.debounce(mb) || !w.acquireSlot(mb) {
+		if w.isStopping() || !w.acquireSlot(mb) {
 			w.returnWaiting(mb)
 			return
 		}
@@ -78,6 +88,11 @@ func (w *Worker) runMailbox(mb *mailbox) {
 		batch := mb.waiting
 		mb.waiting = nil
 		mb.more = false
+		// Arrivals before this claim are in it.
+		select {
+		case <-mb.arrived:
+		default:
+		}
 		w.mu.Unlock()
 
 		w.handle(mb, batch)
@@ -144,5 +159,15 @@ func (w *Worker) returnWaiting(mb *mailbox) {
 	w.mu.Unlock()
 	for _, m := range waiting {
 		_ = m.Nak()
+	}
+}
+
+// isStopping reports whether a graceful shutdown has started.
+func (w *Worker) isStopping() bool {
+	select {
+	case <-w.stopping:
+		return true
+	default:
+		return false
 	}
 }

@@ -114,6 +114,8 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 	})
 	defer deadline.Stop()
 	stopRenewal := w.renewLease(turnCtx, cancel, log, mb, batch, claim)
+	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics}
+	stopWatch := w.watchArrivals(turnCtx, cancel, mb, claim, j)
 
 	reply, err := func() (Reply, error) {
 		in, err := schema.LoadTurn(turnCtx, w.cfg.Pool, claim.ConversationID, claim.OutboxIDs, w.cfg.HistoryLimit)
@@ -131,8 +133,12 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 			MoreHistory: func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error) {
 				return schema.LoadHistoryBefore(ctx, w.cfg.Pool, claim.ConversationID, beforeSeq, limit)
 			},
-		}, &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics})
+		}, j)
 	}()
+	if err == nil {
+		w.quietWindow(turnCtx, mb)
+	}
+	stopWatch()
 	stopRenewal()
 	if cause := context.Cause(turnCtx); cause != nil && turnCtx.Err() != nil {
 		err = cause
@@ -145,10 +151,12 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 	defer cancelCommit()
 	if err == nil {
 		w.crash.at(CrashBeforeFinalize)
-		w.finalize(ctx, log, batch, claim, reply)
+		w.finalize(ctx, log, mb, batch, claim, reply)
 		return
 	}
 	switch {
+	case errors.Is(err, errSuperseded):
+		w.supersede(ctx, log, mb, batch, claim)
 	case errors.Is(err, schema.ErrConversationDeleted):
 		w.cancelled(ctx, log, batch, claim)
 	case errors.Is(err, schema.ErrLeaseLost):
@@ -174,7 +182,7 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 }
 
 // finalize commits the reply, then acks.
-func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
 	out, err := commitFinalize(ctx, w, schema.Finalize{
 		ConversationID: claim.ConversationID,
 		RunID:          claim.RunID,
@@ -182,7 +190,14 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetst
 		OutboxIDs:      claim.OutboxIDs,
 		Content:        reply.Content,
 		Truncated:      reply.Truncated,
+		// A capped turn leaves pending rows for the next one on purpose:
+		// they never supersede it.
+		SupersedeIfNewer: w.cfg.Debounce > 0 && !claim.More,
 	})
+	if err == nil && out.Superseded {
+		w.superseded(log, mb, batch, claim)
+		return
+	}
 	switch {
 	case errors.Is(err, schema.ErrConversationDeleted):
 		w.cancelled(ctx, log, batch, claim)
@@ -204,6 +219,118 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, batch []jetst
 	w.metrics.insertToFinal.Observe(time.Since(claim.FirstCreatedAt).Seconds())
 	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventReplied, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
 	log.Debug().Str("message_id", out.MessageID).Int64("operations", out.Operations).Msg("turn replied")
+}
+
+// watchArrivals supersedes the running turn when a trigger of a newer
+// message of its conversation arrives on this worker before the turn
+// started a write: the model call is cancelled and the next turn answers
+// all the messages together. Newer messages that arrive at another worker
+// are caught at finalize (Finalize.SupersedeIfNewer). The returned
+// function stops the watch and waits for it.
+func (w *Worker) watchArrivals(ctx context.Context, cancel context.CancelCauseFunc, mb *mailbox, claim schema.Claim, j *journal) func() {
+	if w.cfg.Debounce <= 0 || claim.More {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-mb.arrived:
+			}
+			if w.newerTrigger(mb, claim) && j.supersede() {
+				cancel(errSuperseded)
+				return
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+	}
+}
+
+// newerTrigger reports whether the mailbox holds a trigger of a row the
+// claim did not take.
+func (w *Worker) newerTrigger(mb *mailbox, claim schema.Claim) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range mb.waiting {
+		if id, ok := outboxIDOf(m); ok && !slices.Contains(claim.OutboxIDs, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// quietWindow holds a reply until Debounce has passed since the newest
+// message of its conversation arrived, so that a message sent right after
+// it supersedes the turn instead of getting a turn of its own: a burst
+// gets one reply. A real model call takes longer than the window, so a
+// lone message waits for nothing; its model call starts at once either way.
+func (w *Worker) quietWindow(ctx context.Context, mb *mailbox) {
+	if w.cfg.Debounce <= 0 {
+		return
+	}
+	w.mu.Lock()
+	wait := time.Until(mb.lastArrival.Add(w.cfg.Debounce))
+	w.mu.Unlock()
+	if wait <= 0 {
+		return
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// supersede hands a turn back after its model call was cancelled for a
+// newer message.
+func (w *Worker) supersede(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
+	var done bool
+	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		done, err = schema.SupersedeTx(ctx, tx, claim.ConversationID, claim.RunID, claim.OutboxIDs, false)
+		return err
+	})
+	switch {
+	case errors.Is(err, schema.ErrConversationDeleted):
+		w.cancelled(ctx, log, batch, claim)
+	case errors.Is(err, schema.ErrLeaseLost):
+		w.abandoned(ctx, log, batch, claim, err)
+	case err != nil:
+		// The lease still holds the rows: recovery hands them back once it
+		// expires, and the triggers come back before that.
+		log.Error().Err(err).Msg("supersede")
+		nakAll(batch, w.cfg.RetryDelay)
+	case !done:
+		// A write started after all (recorded before the journal closed):
+		// the turn can no longer be repeated; recovery rules once the
+		// lease expires, and the attempt fails visibly.
+		w.failAttempt(ctx, log, batch, claim, errSuperseded)
+	default:
+		w.superseded(log, mb, batch, claim)
+	}
+}
+
+// superseded puts a handed-back turn's triggers back into its mailbox,
+// which claims again at once: the next turn takes the handed-back rows
+// with the newer ones.
+func (w *Worker) superseded(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
+	w.mu.Lock()
+	mb.waiting = append(batch, mb.waiting...)
+	mb.more = true
+	w.mu.Unlock()
+	w.metrics.turnsFinished.WithLabelValues("superseded").Inc()
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventPending, OutboxIDs: claim.OutboxIDs})
+	log.Debug().Msg("turn superseded by newer messages; claiming again")
 }
 
 // cancelled ends a turn whose conversation was deleted: its result is

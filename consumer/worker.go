@@ -34,7 +34,8 @@ const (
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
-	// NoDebounce claims as soon as a trigger arrives.
+	// NoDebounce commits every reply as soon as it is ready: rapid
+	// messages may get a reply each.
 	NoDebounce time.Duration = -1
 )
 
@@ -58,9 +59,14 @@ type Config struct {
 	// Tools are what the agent may call, each journaled in operations.
 	// Defaults to the echo agent's lookup and notify.
 	Tools Tools
-	// Debounce is how long the first trigger of a conversation waits for
-	// more, so rapid messages become one turn. NoDebounce claims at once.
-	// Defaults to 100ms.
+	// Debounce is the quiet window of a burst. A turn is claimed and its
+	// model call started as soon as a message arrives; its reply commits
+	// only once Debounce has passed since the conversation's newest
+	// message, and a newer message that arrives before then supersedes
+	// the turn (unless it started a write): the next turn answers all of
+	// them, so a burst gets one reply. A model call that takes longer than
+	// the window adds no wait. NoDebounce turns superseding off. Defaults
+	// to 100ms.
 	Debounce time.Duration
 	// MaxAttempts caps automatic attempts at a turn; past it a visible
 	// error message ends the turn. Defaults to 3.

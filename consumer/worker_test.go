@@ -77,8 +77,10 @@ func TestDebounceGathersRapidMessagesIntoOneTurn(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // the scenario: messages 10 ms apart
 	}
 	b.settled(20 * time.Second)
-	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs`), "three messages 10 ms apart make one turn")
-	require.Equal(t, 3, b.Count(`SELECT cardinality(outbox_ids) FROM agent_runs`))
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`), "three messages 10 ms apart make one turn")
+	require.Equal(t, 3, b.Count(`SELECT cardinality(outbox_ids) FROM agent_runs WHERE status = 'finalized'`))
+	require.Zero(t, b.Count(`SELECT count(*) FROM agent_runs WHERE status NOT IN ('finalized', 'superseded')`), "turns of part of the burst were superseded, never answered")
+	require.Zero(t, b.Count(`SELECT count(*) FROM agent_outbox WHERE attempts <> 1`), "a superseded turn is not a failed attempt")
 	var reply string
 	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&reply))
 	require.Equal(t, "echo: part 0\necho: part 1\necho: part 2", reply)
@@ -344,4 +346,57 @@ func TestATurnPastItsDeadlineFailsVisibly(t *testing.T) {
 	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content, detail FROM messages WHERE role = 'error'`).Scan(&content, &detail))
 	require.Contains(t, content, "could not answer after 2 attempts")
 	require.Contains(t, detail, "the turn ran past its deadline of 300ms")
+}
+
+// TestBurstsGetOneReplyEachAndAWriteIsNeverRepeated: with the default
+// quiet window, every burst of three messages 10 ms apart, in twenty
+// conversations at once, ends in exactly one reply covering all three, in
+// order; turns answering part of a burst were superseded, never shown. A
+// turn that started a write is not superseded: its side effect happens
+// once, and the rest of its burst is the next turn.
+func TestBurstsGetOneReplyEachAndAWriteIsNeverRepeated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.testConfig()
+	cfg.Debounce = DefaultDebounce
+	cfg.Agent = Echo{Directives: true}
+	b.startWorker(cfg)
+	const conversations = 20
+	var wg sync.WaitGroup
+	for c := range conversations {
+		id := fmt.Sprintf("burst-%d", c)
+		b.Conversation(id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 3 {
+				b.Send(id, fmt.Sprintf("%s-m%d", id, i), fmt.Sprintf("part %d", i))
+				time.Sleep(10 * time.Millisecond) // the scenario: messages 10 ms apart
+			}
+		}()
+	}
+	wg.Wait()
+	b.settled(60 * time.Second)
+	for c := range conversations {
+		key := b.Key(fmt.Sprintf("burst-%d", c))
+		var replies []string
+		rows, err := b.DB.Pool.Query(context.Background(), `SELECT content FROM messages WHERE conversation_id = $1 AND role = 'assistant'`, key)
+		require.NoError(t, err)
+		replies, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, []string{"echo: part 0\necho: part 1\necho: part 2"}, replies, "conversation %d: one reply covering the whole burst", c)
+	}
+	superseded := b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'superseded'`)
+	t.Logf("%d bursts, %d superseded turns: %.2f extra model calls per burst", conversations, superseded, float64(superseded)/conversations)
+
+	// A write started: the turn keeps its reply, the side effect is not
+	// repeated, and the rest of the burst is the next turn.
+	b.Conversation("writer")
+	b.Send("writer", "w0", "/tool notify once\nfirst")
+	b.Send("writer", "w1", "second")
+	b.settled(30 * time.Second)
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM tool_side_effects WHERE payload = 'once'`), "the side effect happened once")
+	require.Zero(t, b.Count(`SELECT count(*) FROM agent_runs WHERE conversation_id = $1 AND status = 'superseded' AND id IN (SELECT run_id FROM operations WHERE effect = 'write')`, b.Key("writer")),
+		"a run that started a write is never superseded")
+	require.Zero(t, b.Count(`SELECT count(*) FROM agent_outbox WHERE status <> 'done'`))
 }

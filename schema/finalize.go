@@ -16,6 +16,10 @@ type Finalize struct {
 	Content string
 	// Truncated marks a reply the model cut off.
 	Truncated bool
+	// SupersedeIfNewer hands the turn back instead (SupersedeTx) when a
+	// newer message of the conversation is pending and the run started
+	// no write: the next turn answers them together.
+	SupersedeIfNewer bool
 }
 
 // Finalized says what FinalizeTx committed.
@@ -24,6 +28,9 @@ type Finalized struct {
 	MessageID string
 	// Operations is how many of the run's operations were attached to it.
 	Operations int64
+	// Superseded is set when, instead of the reply, the turn was handed
+	// back for a newer message (Finalize.SupersedeIfNewer).
+	Superseded bool
 }
 
 // FinalizeTx ends a turn in the caller's transaction, all or nothing: the
@@ -37,6 +44,12 @@ type Finalized struct {
 // mid-turn fails the reply's foreign key: ErrConversationDeleted, which is a
 // cancellation.
 func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error) {
+	if f.SupersedeIfNewer {
+		superseded, err := SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
+		if err != nil || superseded {
+			return Finalized{Superseded: superseded}, err
+		}
+	}
 	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
 	// The reply goes first, as the reference has it: its foreign key is
 	// what notices a deleted conversation, and it takes the key-share lock

@@ -21,7 +21,7 @@ type workerCmd struct {
 
 	Consumer        string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
 	Agent           string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), or openai (a model server speaking the OpenAI chat completions API)."`
-	Debounce        time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"How long the first message of a conversation waits for more before its turn is claimed; 0 claims at once."`
+	Debounce        time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"Quiet window of a burst: a turn starts at once, and a message that arrives within this long of the previous one supersedes the turn (unless it started a write), so a burst gets one reply. 0 turns it off."`
 	MaxAttempts     int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
 	Lease           time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
 	AckWait         time.Duration   `name:"ack-wait" env:"BATON_ACK_WAIT" setting:"Consumer.AckWait" help:"How long JetStream waits for an ack or progress signal before redelivering a trigger. Defaults to the lease."`
