@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/batonhq/baton/schema"
-	"github.com/jackc/pgx/v5"
 )
 
 // heartbeatLoop writes a non-transactional logical message into the WAL
@@ -16,7 +15,7 @@ import (
 // confirm, and the slot would pin WAL without bound. The relay confirms a
 // heartbeat's position once everything before it is acknowledged.
 //
-// Each tick also refreshes the slot's lag and retained WAL metrics.
+// Each tick also records the slot's progress and refreshes its metrics.
 func (r *Relay) heartbeatLoop(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer ticker.Stop()
@@ -49,24 +48,21 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	return schema.EmitHeartbeat(ctx, r.pool, time.Now())
 }
 
-// observeSlot refreshes the slot lag and retained WAL metrics.
+// observeSlot records the slot's progress (schema.RecordSlotProgress), so
+// that `baton status` can tell how long its confirmed position has stood
+// still, and refreshes the slot's metrics. Every relay does it, the ones
+// standing by too: when the streaming relay hangs, their records and
+// metrics show the stall.
 func (r *Relay) observeSlot(ctx context.Context) error {
-	var lag, retained *int64
-	err := r.pool.QueryRow(ctx, `
-		SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
-		       (pg_current_wal_lsn() - restart_lsn)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&lag, &retained)
-	if errors.Is(err, pgx.ErrNoRows) {
+	p, err := schema.RecordSlotProgress(ctx, r.pool, r.cfg.Slot)
+	if errors.Is(err, schema.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if lag != nil {
-		r.metrics.slotLag.Set(float64(*lag))
-	}
-	if retained != nil {
-		r.metrics.retainedWAL.Set(float64(*retained))
-	}
+	r.metrics.slotLag.Set(float64(p.LagBytes))
+	r.metrics.retainedWAL.Set(float64(p.RetainedBytes))
+	r.metrics.slotStalled.Set(p.Stalled.Seconds())
 	return nil
 }

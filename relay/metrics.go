@@ -14,6 +14,7 @@ type metrics struct {
 	confirmedLSN  prometheus.Gauge
 	slotLag       prometheus.Gauge
 	retainedWAL   prometheus.Gauge
+	slotStalled   prometheus.Gauge
 	ackLatency    prometheus.Histogram
 	sweeps        prometheus.Counter
 	rowsSwept     prometheus.Counter
@@ -49,6 +50,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_relay_retained_wal_bytes",
 			Help: "WAL bytes the slot keeps the server from removing (from its restart position).",
 		}),
+		slotStalled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_relay_slot_stalled_seconds",
+			Help: "How long the slot's confirmed position has stood still while WAL waited behind it (0 while it moves or nothing waits); alert when it passes a few minutes.",
+		}),
 		ackLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "baton_relay_commit_to_ack_seconds",
 			Help:    "Time from a transaction's commit in PostgreSQL to JetStream's acknowledgement of its event.",
@@ -69,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{
 		m.published, m.publishErrors, m.inFlight, m.confirmedLSN, m.slotLag,
-		m.retainedWAL, m.ackLatency, m.sweeps, m.rowsSwept, m.active,
+		m.retainedWAL, m.slotStalled, m.ackLatency, m.sweeps, m.rowsSwept, m.active,
 	} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
