@@ -30,6 +30,11 @@ func New(o Options, w io.Writer) (zerolog.Logger, error) {
 			console = true
 		}
 	}
+	if _, ok := w.(*os.File); !ok {
+		// Services log from many goroutines; a file takes each write whole,
+		// but a writer such as a bytes.Buffer must get one at a time.
+		w = zerolog.SyncWriter(w)
+	}
 	if console {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}
