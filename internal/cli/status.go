@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	natsclient "github.com/nats-io/nats.go"
@@ -27,11 +28,19 @@ type statusCmd struct {
 	JSON          bool          `name:"json" help:"Print the report as JSON."`
 	MaxLag        int64         `name:"max-lag-bytes" env:"BATON_STATUS_MAX_LAG_BYTES" help:"Slot lag (bytes) above which the relay needs attention." default:"67108864"`
 	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"${sweep_age}"`
+	StallAfter    time.Duration `name:"stall-after" env:"BATON_STATUS_STALL_AFTER" help:"How long the slot's confirmed position may stand still while WAL waits behind it, and a consumer of the stream may go without an acknowledgement while events wait for it, before either needs attention." default:"${stall_after}"`
+	LeaseGrace    time.Duration `name:"lease-grace" env:"BATON_STATUS_LEASE_GRACE" help:"How long past its expiry a run may hold a conversation's lease before it needs attention (workers recover expired leases every half lease)." default:"${lease_grace}"`
 }
 
 func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.Replication.Validate(); err != nil {
 		return &UsageError{Err: err}
+	}
+	if c.StallAfter <= 0 {
+		return &UsageError{Err: fmt.Errorf("--stall-after / BATON_STATUS_STALL_AFTER %s: give a positive duration, such as %s", c.StallAfter, status.DefaultStallAfter)}
+	}
+	if c.LeaseGrace <= 0 {
+		return &UsageError{Err: fmt.Errorf("--lease-grace / BATON_STATUS_LEASE_GRACE %s: give a positive duration, such as %s", c.LeaseGrace, status.DefaultLeaseGrace)}
 	}
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
@@ -59,6 +68,7 @@ func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	defer cancel()
 	rep, err := status.Gather(gctx, pool, js, status.Options{
 		Slot: c.Slot, Stream: c.StreamConfig().WithDefaults().Name, MaxLagBytes: c.MaxLag, MaxPendingAge: c.MaxPendingAge,
+		StallAfter: c.StallAfter, LeaseGrace: c.LeaseGrace,
 	})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/internal/status"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
 )
@@ -64,5 +65,7 @@ func vars() map[string]string {
 		"stream_recheck":       api.DefaultStreamRecheck.String(),
 		"max_turn_messages":    fmt.Sprint(consumer.DefaultMaxTurnMessages),
 		"turn_timeout":         consumer.DefaultTurnTimeout.String(),
+		"stall_after":          status.DefaultStallAfter.String(),
+		"lease_grace":          status.DefaultLeaseGrace.String(),
 	}
 }

@@ -24,17 +24,37 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
+	if d := r.Database; d != nil {
+		p("DATABASE\tSERVER\tTIMELINE\tSTANDBYS\n")
+		standbys := "none"
+		if len(d.Standbys) > 0 {
+			var parts []string
+			for _, sb := range d.Standbys {
+				parts = append(parts, fmt.Sprintf("%s %s %s, replay lag %s", sb.Name, sb.State, sb.SyncState, Bytes(sb.ReplayLagBytes)))
+			}
+			standbys = strings.Join(parts, "; ")
+		}
+		if d.SynchronousStandbyNames != "" {
+			standbys += " (synchronous: " + d.SynchronousStandbyNames + ")"
+		}
+		p("%s\t%s\t%d\t%s\n\n", d.Name, d.Server, d.Timeline, standbys)
+	}
+
 	s := r.Slot
-	p("SLOT\tACTIVE\tCLIENT\tCONFIRMED LSN\tLAG\tRETAINED WAL\tWAL STATUS\n")
+	p("SLOT\tACTIVE\tCLIENT\tCONFIRMED LSN\tLAG\tRETAINED WAL\tWAL STATUS\tSTILL FOR\n")
 	if s == nil || !s.Exists {
-		p("%s\tmissing\t-\t-\t-\t-\t-\n", s.Name)
+		p("%s\tmissing\t-\t-\t-\t-\t-\t-\n", s.Name)
 	} else {
 		client := s.Client
 		if client == "" {
 			client = "-"
 		}
-		p("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, yesNo(s.Active), client, s.ConfirmedFlushLSN,
-			Bytes(s.LagBytes), Bytes(s.RetainedWALBytes), s.WALStatus)
+		still := "-"
+		if s.StalledFor > 0 {
+			still = round(time.Duration(s.StalledFor)).String()
+		}
+		p("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, yesNo(s.Active), client, s.ConfirmedFlushLSN,
+			Bytes(s.LagBytes), Bytes(s.RetainedWALBytes), s.WALStatus, still)
 	}
 	p("\n")
 
@@ -65,16 +85,22 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	p("\n")
 
-	p("GROUP\tPENDING\tACK PENDING\tREDELIVERED\tWAITING PULLS\tLAST ACTIVITY\n")
+	p("GROUP\tPENDING\tACK PENDING\tREDELIVERED\tWAITING PULLS\tLAST ACTIVITY\tLAST ACK\tOLDEST WAITING\n")
 	if len(r.Groups) == 0 {
 		p("(none)\n")
 	}
 	for _, g := range r.Groups {
-		last := "-"
+		last, ack, oldest := "-", "-", "-"
 		if g.LastActivity != nil {
 			last = ago(*g.LastActivity)
 		}
-		p("%s\t%d\t%d\t%d\t%d\t%s\n", g.Name, g.Pending, g.AckPending, g.Redelivered, g.Waiting, last)
+		if g.LastAck != nil {
+			ack = ago(*g.LastAck)
+		}
+		if g.OldestWaiting != nil {
+			oldest = ago(*g.OldestWaiting)
+		}
+		p("%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", g.Name, g.Pending, g.AckPending, g.Redelivered, g.Waiting, last, ack, oldest)
 	}
 	p("\n")
 
@@ -94,8 +120,8 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
-	p("LEASES\tHELD\tEXPIRED\n")
-	p("runs\t%d\t%d\n", r.Leases.Held, r.Leases.Expired)
+	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
+	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {
 		p("\nCONVERSATION\tRUN\tWORKER\tLEASE\n")
 		for _, l := range r.Leases.Runs {

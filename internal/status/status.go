@@ -14,7 +14,20 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 
+	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
+)
+
+// Defaults of the checks that wait before they worry.
+const (
+	// DefaultStallAfter is how long a slot's confirmed position may stand
+	// still while WAL waits behind it, and a consumer may go without an
+	// acknowledgement while events wait for it.
+	DefaultStallAfter = 5 * time.Minute
+	// DefaultLeaseGrace is how long past its expiry a lease may stay held
+	// before it needs attention: workers recover expired leases every half
+	// lease, and at once when a trigger of the conversation comes.
+	DefaultLeaseGrace = time.Minute
 )
 
 // Options say what to look at and when to worry.
@@ -28,10 +41,31 @@ type Options struct {
 	// MaxPendingAge is how old the oldest pending outbox row may get (the
 	// sweeper's age) before it needs attention.
 	MaxPendingAge time.Duration
+	// StallAfter is how long the slot's confirmed position may stand still
+	// while WAL waits behind it, and how long a durable consumer of the
+	// stream may go without an acknowledgement while events have waited for
+	// it, before either needs attention. Defaults to 5 minutes.
+	StallAfter time.Duration
+	// LeaseGrace is how long past its expiry a run may hold a
+	// conversation's lease before it needs attention. Defaults to 1 minute.
+	LeaseGrace time.Duration
+}
+
+// WithDefaults returns a copy of o with every zero duration set to its
+// default.
+func (o Options) WithDefaults() Options {
+	if o.StallAfter == 0 {
+		o.StallAfter = DefaultStallAfter
+	}
+	if o.LeaseGrace == 0 {
+		o.LeaseGrace = DefaultLeaseGrace
+	}
+	return o
 }
 
 // Report is everything `baton status` shows.
 type Report struct {
+	Database  *Database      `json:"database"`
 	Slot      *Slot          `json:"slot"`
 	Stream    *Stream        `json:"stream"`
 	Groups    []Group        `json:"groups"`
@@ -42,6 +76,32 @@ type Report struct {
 	// DeadLetters are the events consumer groups parked and nobody
 	// resolved yet, by group.
 	DeadLetters []DeadLetters `json:"dead_letters"`
+}
+
+// Database is the PostgreSQL server the report was read from: the
+// primary, which after a failover is the promoted standby.
+type Database struct {
+	Name string `json:"name"`
+	// Server is the address of the server reached ("host:port"), which
+	// tells which one of a multi-host URL's servers is the primary.
+	Server string `json:"server"`
+	// Timeline grows by one at each promotion.
+	Timeline int64 `json:"timeline"`
+	// SynchronousStandbyNames is the server's setting: commits wait for
+	// the standbys it names.
+	SynchronousStandbyNames string `json:"synchronous_standby_names,omitempty"`
+	// Standbys are the streaming (physical) replicas connected to it.
+	Standbys []Standby `json:"standbys"`
+}
+
+// Standby is a physical replica streaming from the primary.
+type Standby struct {
+	Name      string `json:"name"`
+	Client    string `json:"client,omitempty"`
+	State     string `json:"state"`
+	SyncState string `json:"sync_state"`
+	// ReplayLagBytes is the WAL the standby has not replayed yet.
+	ReplayLagBytes int64 `json:"replay_lag_bytes"`
 }
 
 // Slot is the relay's logical replication slot.
@@ -55,6 +115,16 @@ type Slot struct {
 	LagBytes          int64  `json:"lag_bytes"`
 	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
 	WALStatus         string `json:"wal_status,omitempty"`
+	// ProgressedAt is the latest time a relay saw the confirmed position
+	// move, or no WAL behind it (table relay_slot_progress, written at each
+	// relay heartbeat); nil when no relay has recorded it.
+	ProgressedAt *time.Time `json:"progressed_at,omitempty"`
+	// ObservedAt is when a relay last recorded the slot; relays do at
+	// each heartbeat, streaming or standing by.
+	ObservedAt *time.Time `json:"observed_at,omitempty"`
+	// StalledFor is how long the confirmed position has stood still while
+	// WAL waited behind it; zero while it moves or nothing waits.
+	StalledFor Duration `json:"stalled_for"`
 }
 
 // Stream is the outbox stream's state.
@@ -79,14 +149,28 @@ type Peer struct {
 	Lag     uint64 `json:"lag"`
 }
 
-// Group is one durable consumer on the stream.
+// Group is one durable consumer on the stream: Baton's turn runner, a
+// consumer group, or anyone else's.
 type Group struct {
-	Name         string     `json:"name"`
-	Pending      uint64     `json:"pending"`
-	AckPending   int        `json:"ack_pending"`
-	Redelivered  int        `json:"redelivered"`
-	Waiting      int        `json:"waiting"`
+	Name        string `json:"name"`
+	Pending     uint64 `json:"pending"`
+	AckPending  int    `json:"ack_pending"`
+	Redelivered int    `json:"redelivered"`
+	// Waiting counts the pull requests waiting for events: zero while
+	// nobody reads the consumer.
+	Waiting int `json:"waiting"`
+	// LastActivity is the last delivery.
 	LastActivity *time.Time `json:"last_activity"`
+	// LastAck is the last acknowledgement the server saw since it started
+	// (nil before the first).
+	LastAck *time.Time `json:"last_ack"`
+	// OldestWaiting is when the stream stored the oldest event the consumer
+	// has not acknowledged; nil when nothing waits.
+	OldestWaiting *time.Time `json:"oldest_waiting,omitempty"`
+	// StalledFor is how long events have waited with no acknowledgement:
+	// the lesser of the oldest waiting event's age and the time since the
+	// last acknowledgement; zero when nothing waits.
+	StalledFor Duration `json:"stalled_for"`
 }
 
 // Outbox counts outbox rows.
@@ -97,8 +181,11 @@ type Outbox struct {
 
 // Leases are runs holding conversations.
 type Leases struct {
-	Held    int64   `json:"held"`
-	Expired int64   `json:"expired"`
+	Held    int64 `json:"held"`
+	Expired int64 `json:"expired"`
+	// Overdue are the expired leases still held past the grace period
+	// (Options.LeaseGrace): nobody recovers them.
+	Overdue int64   `json:"overdue"`
 	Runs    []Lease `json:"runs"`
 }
 
@@ -126,10 +213,18 @@ type Duration time.Duration
 // MarshalText implements encoding.TextMarshaler.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
+// ErrStandby is the error of Gather on a server that is in recovery.
+var ErrStandby = errors.New("the database server is a standby (in recovery)")
+
 // Gather builds the report. js may be nil when NATS is unreachable; what
-// cannot be read is reported in Errors and as needing attention.
+// cannot be read is reported in Errors and as needing attention. A server
+// in recovery is ErrStandby: the slot and the outbox live on the primary.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
+	o = o.WithDefaults()
 	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}}
+	if err := r.gatherDatabase(ctx, db); err != nil {
+		return nil, err
+	}
 	if err := r.gatherSlot(ctx, db, o); err != nil {
 		return nil, err
 	}
@@ -193,14 +288,87 @@ func (r *Report) gatherSlot(ctx context.Context, db schema.Executor, o Options) 
 	if client != nil {
 		s.Client = *client
 	}
-	if !s.Active {
-		r.attention("replication slot %q is inactive: no relay is reading it (lag %s, retained WAL %s)", o.Slot, Bytes(s.LagBytes), Bytes(s.RetainedWALBytes))
-	}
 	if s.LagBytes > o.MaxLagBytes {
 		r.attention("replication slot %q lags %s behind the WAL (threshold %s)", o.Slot, Bytes(s.LagBytes), Bytes(o.MaxLagBytes))
 	}
 	if s.WALStatus == "lost" || s.WALStatus == "unreserved" {
 		r.attention("replication slot %q has wal_status %s: WAL it needs is gone or about to be; the relay recreates it and re-announces pending rows", o.Slot, s.WALStatus)
+	}
+	p, err := schema.ReadSlotProgress(ctx, db, o.Slot)
+	if errors.Is(err, schema.ErrNotFound) {
+		return nil // dropped since
+	}
+	if err != nil {
+		return err
+	}
+	var unobserved time.Duration
+	if p.Recorded {
+		progressed, observed := p.ProgressedAt, p.ObservedAt
+		s.ProgressedAt, s.ObservedAt = &progressed, &observed
+		unobserved = p.SinceObserved
+	}
+	s.StalledFor = Duration(p.Stalled)
+	// A slot is inactive for a moment while its relay restarts or a
+	// standby relay takes over; relays record the slot at each heartbeat
+	// wherever they are, so a recent record means one is about to read it.
+	switch {
+	case s.Active:
+	case !p.Recorded:
+		r.attention("replication slot %q is inactive: no relay is reading it (lag %s, retained WAL %s); start `baton relay`", o.Slot, Bytes(s.LagBytes), Bytes(s.RetainedWALBytes))
+	case unobserved >= o.StallAfter:
+		r.attention("replication slot %q is inactive and no relay has looked at it for %s (lag %s, retained WAL %s); start `baton relay`", o.Slot, round(unobserved), Bytes(s.LagBytes), Bytes(s.RetainedWALBytes))
+	}
+	if p.Stalled >= o.StallAfter {
+		r.attention("replication slot %q has not confirmed a new position for %s while %s of WAL waits behind it (--stall-after %s): the relay is stopped or stuck; check that `baton relay` runs and reaches NATS (it confirms only what JetStream acknowledged), and restart it", o.Slot, round(p.Stalled), Bytes(p.LagBytes), o.StallAfter)
+	}
+	return nil
+}
+
+// gatherDatabase reads which server answered, its timeline and its
+// standbys.
+func (r *Report) gatherDatabase(ctx context.Context, db schema.Executor) error {
+	d := &Database{Standbys: []Standby{}}
+	var inRecovery bool
+	err := db.QueryRow(ctx, `
+		SELECT current_database(), coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'local socket'),
+		       pg_is_in_recovery(), current_setting('synchronous_standby_names')`).Scan(
+		&d.Name, &d.Server, &inRecovery, &d.SynchronousStandbyNames)
+	if err != nil {
+		return fmt.Errorf("read the database server: %w", err)
+	}
+	if inRecovery {
+		return fmt.Errorf("%w at %s: the slot and the outbox are read on the primary; give its URL, or list every server in one URL with target_session_attrs=read-write (postgres://host1,host2/baton?target_session_attrs=read-write)", ErrStandby, d.Server)
+	}
+	if err := db.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`).Scan(&d.Timeline); err != nil {
+		return fmt.Errorf("read the timeline: %w", err)
+	}
+	// Physical WAL senders serve no database; logical ones (the relay) do.
+	rows, err := db.Query(ctx, `
+		SELECT r.application_name, coalesce(host(r.client_addr), ''), coalesce(r.state, ''), coalesce(r.sync_state, ''),
+		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.replay_lsn), 0)::bigint
+		FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
+		WHERE a.datid IS NULL ORDER BY r.application_name`)
+	if err != nil {
+		return fmt.Errorf("list standbys: %w", err)
+	}
+	defer rows.Close()
+	synchronous := 0
+	for rows.Next() {
+		var sb Standby
+		if err := rows.Scan(&sb.Name, &sb.Client, &sb.State, &sb.SyncState, &sb.ReplayLagBytes); err != nil {
+			return err
+		}
+		if sb.SyncState == "sync" || sb.SyncState == "quorum" {
+			synchronous++
+		}
+		d.Standbys = append(d.Standbys, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("list standbys: %w", err)
+	}
+	r.Database = d
+	if d.SynchronousStandbyNames != "" && synchronous == 0 {
+		r.attention("synchronous_standby_names is %q but no synchronous standby is connected: every commit waits, so no message is stored and no turn ends; bring the standby back, or clear synchronous_standby_names", d.SynchronousStandbyNames)
 	}
 	return nil
 }
@@ -237,8 +405,9 @@ func (r *Report) gatherOutbox(ctx context.Context, db schema.Executor, o Options
 	}
 
 	if err := db.QueryRow(ctx, `
-		SELECT count(*), count(*) FILTER (WHERE lease_expires_at < now())
-		FROM conversations WHERE run_id IS NOT NULL`).Scan(&r.Leases.Held, &r.Leases.Expired); err != nil {
+		SELECT count(*), count(*) FILTER (WHERE lease_expires_at < now()),
+		       count(*) FILTER (WHERE lease_expires_at < now() - make_interval(secs => $1))
+		FROM conversations WHERE run_id IS NOT NULL`, o.LeaseGrace.Seconds()).Scan(&r.Leases.Held, &r.Leases.Expired, &r.Leases.Overdue); err != nil {
 		return fmt.Errorf("count leases: %w", err)
 	}
 	lrows, err := db.Query(ctx, `
@@ -257,10 +426,13 @@ func (r *Report) gatherOutbox(ctx context.Context, db schema.Executor, o Options
 		}
 		r.Leases.Runs = append(r.Leases.Runs, l)
 	}
-	if r.Leases.Expired > 0 {
-		r.attention("%d run(s) hold expired leases: a worker died mid-turn and recovery has not run yet (is any `baton worker` running?)", r.Leases.Expired)
+	if err := lrows.Err(); err != nil {
+		return err
 	}
-	return lrows.Err()
+	if r.Leases.Overdue > 0 {
+		r.attention("%d run(s) hold leases that expired over %s ago (--lease-grace): their worker stopped mid-turn and no worker recovered them; start `baton worker` (it recovers expired leases at start and every half lease), or check that the workers reach PostgreSQL", r.Leases.Overdue, o.LeaseGrace)
+	}
+	return nil
 }
 
 func (r *Report) gatherStream(ctx context.Context, js jetstream.JetStream, o Options) {
@@ -299,16 +471,103 @@ func (r *Report) gatherStream(ctx context.Context, js jetstream.JetStream, o Opt
 	}
 	r.Stream = s
 	lister := st.ListConsumers(ctx)
+	var infos []*jetstream.ConsumerInfo
 	for ci := range lister.Info() {
-		r.Groups = append(r.Groups, Group{
-			Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending,
-			Redelivered: ci.NumRedelivered, Waiting: ci.NumWaiting, LastActivity: ci.Delivered.Last,
-		})
+		infos = append(infos, ci)
 	}
 	if err := lister.Err(); err != nil {
 		r.Errors["groups"] = err.Error()
 	}
-	sort.Slice(r.Groups, func(i, j int) bool { return r.Groups[i].Name < r.Groups[j].Name })
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
+	for _, ci := range infos {
+		g := Group{
+			Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending,
+			Redelivered: ci.NumRedelivered, Waiting: ci.NumWaiting, LastActivity: ci.Delivered.Last,
+			LastAck: ci.AckFloor.Last,
+		}
+		if ci.NumPending > 0 || ci.NumAckPending > 0 {
+			r.gatherStall(ctx, st, ci, &g, o)
+		}
+		r.Groups = append(r.Groups, g)
+	}
+}
+
+// gatherStall finds how long events have waited for a consumer without an
+// acknowledgement. Both ends are the server's clock: the consumer info's
+// time, the oldest waiting event's store time and the last ack's time.
+// A server that restarted has forgotten its last ack, and then the oldest
+// waiting event's age alone counts.
+func (r *Report) gatherStall(ctx context.Context, st jetstream.Stream, ci *jetstream.ConsumerInfo, g *Group, o Options) {
+	oldest, err := oldestWaiting(ctx, st, ci)
+	if err != nil {
+		r.Errors["group "+ci.Name] = err.Error()
+		return
+	}
+	if oldest == nil {
+		return
+	}
+	g.OldestWaiting = oldest
+	now := ci.TimeStamp
+	if now.IsZero() {
+		now = time.Now()
+	}
+	stalled := now.Sub(*oldest)
+	if ci.AckFloor.Last != nil {
+		stalled = min(stalled, now.Sub(*ci.AckFloor.Last))
+	}
+	stalled = max(stalled, 0)
+	g.StalledFor = Duration(stalled)
+	if stalled < o.StallAfter {
+		return
+	}
+	reader := "the process that reads it (for a Baton group, `baton group run " + ci.Name + "`)"
+	if ci.Name == batonnats.DefaultConsumer {
+		reader = "`baton worker`"
+	}
+	idle := ""
+	if ci.NumWaiting == 0 {
+		idle = ", and nobody is pulling"
+	}
+	r.attention("consumer %s of stream %s: %d event(s) waiting, the oldest %s old, and no acknowledgement for %s (--stall-after %s)%s: start or fix %s, or delete the consumer if nothing uses it any more", ci.Name, o.Stream, ci.NumPending+uint64(ci.NumAckPending), round(now.Sub(*oldest)), round(stalled), o.StallAfter, idle, reader)
+}
+
+// oldestWaiting returns when the stream stored the first event after the
+// consumer's ack floor that the consumer's filters match, or nil when
+// there is none (the ack floor is the stream's end).
+func oldestWaiting(ctx context.Context, st jetstream.Stream, ci *jetstream.ConsumerInfo) (*time.Time, error) {
+	filters := ci.Config.FilterSubjects
+	if ci.Config.FilterSubject != "" {
+		filters = append(filters, ci.Config.FilterSubject)
+	}
+	if len(filters) == 0 {
+		filters = []string{">"}
+	}
+	var oldest *time.Time
+	for _, f := range filters {
+		m, err := st.GetMsg(ctx, ci.AckFloor.Stream+1, jetstream.WithGetMsgSubject(f))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the oldest event waiting for consumer %s: %w", ci.Name, err)
+		}
+		if oldest == nil || m.Time.Before(*oldest) {
+			t := m.Time
+			oldest = &t
+		}
+	}
+	return oldest, nil
+}
+
+// round makes a duration short to read.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Minute:
+		return d.Round(time.Second)
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
 }
 
 // Bytes formats a byte count for people.
