@@ -50,17 +50,38 @@ func Connect(o Options, extra ...nats.Option) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(o.URL, append(opts, extra...)...)
 	if err != nil {
-		return nil, &connectError{
-			msg:   "connect to NATS at " + Redact(o.URL) + ": " + scrub(err.Error(), o.URL) + hint(err),
-			cause: err,
-		}
+		return nil, Explain(o, err)
 	}
 	return nc, nil
 }
 
+// Explain returns err, a failed attempt to connect with o, the way Connect
+// returns its own failures: the server list redacted, every password or
+// token of o's URL scrubbed from the client library's text, and a hint at
+// what to check; errors.Is still matches the client's sentinel errors. A
+// component that retries in the background (nats.ReconnectErrHandler)
+// logs what it gets through it, since a reconnect attempt's error may
+// quote a URL too.
+func Explain(o Options, err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connectError
+	if errors.As(err, &ce) {
+		return err
+	}
+	o = o.WithDefaults()
+	return &connectError{
+		msg:   "connect to NATS at " + Redact(o.URL) + ": " + scrub(err.Error(), o.URL) + hint(err, o),
+		cause: err,
+	}
+}
+
 // hint says what to check for the refusals an operator meets first.
-func hint(err error) string {
+func hint(err error, o Options) string {
 	switch {
+	case errors.Is(err, nats.ErrAuthorization) && o.CredsFile == "" && o.NKeySeedFile == "" && Redact(o.URL) == o.URL:
+		return " (the server requires credentials and this process gave none: set " + settingNKeySeed + " or " + settingCreds + " to this component's file, or give a user in " + settingURL + ")"
 	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
 		return " (the server refused these credentials: check " + settingCreds + ", " + settingNKeySeed + " or the user in " + settingURL + " against the server's accounts)"
 	case errors.Is(err, nats.ErrSecureConnWanted):

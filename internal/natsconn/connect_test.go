@@ -251,6 +251,21 @@ func TestConnectWithoutCredentialsIsRefused(t *testing.T) {
 	_, err := natsconn.Connect(natsconn.Options{URL: "nats://" + addr})
 	require.ErrorIs(t, err, nats.ErrAuthorization)
 	require.Contains(t, strings.ToLower(err.Error()), "authorization violation")
+	require.Contains(t, err.Error(), "this process gave none: set --nats-nkey-seed / BATON_NATS_NKEY_SEED", "the error should say that credentials are missing, and where they go")
+}
+
+// TestExplainScrubsAReconnectErrorAndSaysWhatToCheck: what a client that
+// retries in the background reports is shown like Connect's own errors.
+func TestExplainScrubsAReconnectErrorAndSaysWhatToCheck(t *testing.T) {
+	t.Parallel()
+	o := natsconn.Options{URL: "nats://baton:s3cret-pa55@n1.internal:4222"}
+	err := natsconn.Explain(o, fmt.Errorf("dial nats://baton:s3cret-pa55@n1.internal:4222: %w", nats.ErrAuthorization))
+	require.ErrorIs(t, err, nats.ErrAuthorization)
+	require.NotContains(t, err.Error(), "s3cret-pa55")
+	require.Contains(t, err.Error(), "connect to NATS at nats://redacted@n1.internal:4222")
+	require.Contains(t, err.Error(), "the server refused these credentials")
+	require.Same(t, err, natsconn.Explain(o, err), "an explained error is returned as it is")
+	require.NoError(t, natsconn.Explain(o, nil))
 }
 
 func TestConnectWithAWrongPasswordIsRefusedAndTheErrorHoldsNoPassword(t *testing.T) {
