@@ -19,10 +19,31 @@ import (
 // function (credentials, TLS, a private inbox prefix), reconnecting
 // forever, and logs what a secured server refuses: a JetStream request
 // that lacks a permission gets no answer and would otherwise look like a
-// timeout. Nothing it logs or returns holds a secret.
+// timeout; a connection attempt that fails while the component retries in
+// the background (a wrong password, an unknown key, an untrusted
+// certificate) would otherwise look like a server that is down. Nothing it
+// logs or returns holds a secret.
 func connectNATS(o natsconn.Options, log zerolog.Logger, extra ...natsclient.Option) (*natsclient.Conn, error) {
+	// Causes of failed attempts logged since the last connection. The
+	// client calls its handlers one at a time, from one goroutine.
+	logged := map[string]bool{}
 	opts := []natsclient.Option{
 		natsclient.MaxReconnects(-1),
+		// Forever means forever: a refused login is retried too, so a
+		// component waits for its user to be added or its key to be
+		// trusted instead of giving up for good after two refusals.
+		natsclient.IgnoreAuthErrorAbort(),
+		natsclient.ReconnectErrHandler(func(_ *natsclient.Conn, err error) {
+			// Once per cause (and server) until a connection succeeds,
+			// not at every attempt: servers that stay down would fill the
+			// log.
+			err = natsconn.Explain(o, err)
+			if err == nil || logged[err.Error()] {
+				return
+			}
+			logged[err.Error()] = true
+			log.Error().Err(err).Msg("cannot connect to NATS; retrying")
+		}),
 		natsclient.ErrorHandler(func(_ *natsclient.Conn, sub *natsclient.Subscription, err error) {
 			ev := log.Error().Err(err)
 			if sub != nil {
@@ -40,6 +61,7 @@ func connectNATS(o natsconn.Options, log zerolog.Logger, extra ...natsclient.Opt
 			}
 		}),
 		natsclient.ReconnectHandler(func(c *natsclient.Conn) {
+			clear(logged)
 			log.Info().Str("url", c.ConnectedUrlRedacted()).Msg("NATS reconnected")
 		}),
 	}
