@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	natsclient "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
 	batonnats "github.com/batonhq/baton/nats"
@@ -88,82 +86,47 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
-
-	stream, err := s.cfg.JetStream.Stream(ctx, s.eventsCfg.Name)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "no_live_events", "the events stream is not available: "+err.Error())
-		return
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "no_live_events", "the events stream is not available: "+err.Error())
+	if err := s.hub.start(); err != nil {
+		s.log.Warn().Err(err).Msg("cannot follow the events stream")
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events are not available right now; try again shortly")
 		return
 	}
 	lastID := r.Header.Get("Last-Event-ID")
 	if lastID == "" {
 		lastID = r.URL.Query().Get("last_event_id")
 	}
-	start := info.State.LastSeq + 1
-	first := "ready"
+	resumeFrom := uint64(0)
 	if lastID != "" {
 		n, err := strconv.ParseUint(lastID, 10, 64)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "bad_last_event_id", "Last-Event-ID must be the id of an event this endpoint sent")
 			return
 		}
+		resumeFrom = n + 1
+	}
+	// Registered before anything is read, so that nothing published from
+	// now on is missed: the hub hands this stream every event after
+	// position, and what the client missed before it is read from the
+	// stream (catch-up).
+	l, position := s.hub.listen(conv.Key)
+	defer s.hub.forget(conv.Key, l)
+	first, sent := "ready", position
+	if resumeFrom > 0 {
+		firstSeq, lastSeq, err := s.hub.bounds(ctx)
 		switch {
-		case n > info.State.LastSeq:
+		case err != nil:
+			s.log.Warn().Err(err).Msg("read the events stream's bounds")
+			writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events are not available right now; try again shortly")
+			return
+		case resumeFrom-1 > lastSeq:
 			// From another stream (reset or recreated): reload.
 			first = "reset"
-		case n+1 < info.State.FirstSeq:
-			// What came after n is gone from retention: reload.
+		case resumeFrom < firstSeq:
+			// What came after the client's event is gone from retention:
+			// reload.
 			first = "reset"
 		default:
-			start = n + 1
-			first = ""
-		}
-	}
-	cons, err := s.cfg.JetStream.OrderedConsumer(ctx, s.eventsCfg.Name, jetstream.OrderedConsumerConfig{
-		// The subject carries the server's key: another user's
-		// conversation of the same id, or this id reused after a
-		// deletion, is another subject.
-		FilterSubjects:    []string{s.eventsCfg.Subject(conv.Key)},
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       start,
-		InactiveThreshold: time.Minute,
-	})
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "no_live_events", "could not follow the events stream: "+err.Error())
-		return
-	}
-	iter, err := cons.Messages()
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "no_live_events", "could not follow the events stream: "+err.Error())
-		return
-	}
-	defer iter.Stop()
-	events := make(chan jetstream.Msg, 16)
-	go func() {
-		defer close(events)
-		for {
-			m, err := iter.Next()
-			if err != nil {
-				return
-			}
-			select {
-			case events <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	var deltas chan *natsclient.Msg
-	if s.cfg.NATS != nil {
-		deltas = make(chan *natsclient.Msg, 256)
-		sub, err := s.cfg.NATS.ChanSubscribe(batonnats.LiveConversationSubject(conv.Key), deltas)
-		if err == nil {
-			defer sub.Unsubscribe()
+			first, sent = "", resumeFrom-1
 		}
 	}
 
@@ -173,7 +136,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	if first != "" {
-		id := strconv.FormatUint(info.State.LastSeq, 10)
+		id := strconv.FormatUint(position, 10)
 		if err := writeSSE(w, id, first, fmt.Sprintf(`{"last_event_id":%s}`, id)); err != nil {
 			return
 		}
@@ -208,6 +171,52 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		_ = writeSSE(w, "", "end", fmt.Sprintf(`{"reason":%q}`, reason))
 		_ = rc.Flush()
 	}
+	// errEnded stops the stream after its final event.
+	errEnded := errors.New("stream ended")
+	deliver := func(e hubEvent) error {
+		if e.seq <= sent {
+			return nil // sent already (catch-up and the hub overlap)
+		}
+		sent = e.seq
+		var ev batonnats.ConversationEvent
+		if json.Unmarshal(e.data, &ev) != nil {
+			return nil
+		}
+		if ev.At.Before(conv.CreatedAt) {
+			// Never anything from before the conversation existed.
+			return nil
+		}
+		switch ev.Type {
+		case batonnats.EventProcessing:
+			current = ev.RunID
+		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled:
+			if ev.RunID == current {
+				current = ""
+			}
+		}
+		// The client knows the conversation by its own id.
+		ev.ConversationID = cid
+		body, _ := json.Marshal(ev)
+		if err := writeSSE(w, strconv.FormatUint(e.seq, 10), "", string(body)); err != nil {
+			return err
+		}
+		if ev.Type == batonnats.EventDeleted {
+			end(endDeleted)
+			return errEnded
+		}
+		return nil
+	}
+	if first == "" && sent < position {
+		if err := s.hub.catchUp(ctx, s.eventsCfg.Subject(conv.Key), sent+1, position, deliver); err != nil {
+			if !errors.Is(err, errEnded) && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("catch up an event stream")
+			}
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
 	for {
 		var err error
 		select {
@@ -216,39 +225,11 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.closing:
 			end(endClosing)
 			return
-		case m, ok := <-events:
-			if !ok {
+		case e := <-l.events:
+			if err := deliver(e); err != nil {
 				return
 			}
-			meta, merr := m.Metadata()
-			if merr != nil {
-				continue
-			}
-			var ev batonnats.ConversationEvent
-			if json.Unmarshal(m.Data(), &ev) != nil {
-				continue
-			}
-			if ev.At.Before(conv.CreatedAt) {
-				// Never anything from before the conversation existed.
-				continue
-			}
-			switch ev.Type {
-			case batonnats.EventProcessing:
-				current = ev.RunID
-			case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventCancelled:
-				if ev.RunID == current {
-					current = ""
-				}
-			}
-			// The client knows the conversation by its own id.
-			ev.ConversationID = cid
-			body, _ := json.Marshal(ev)
-			err = writeSSE(w, strconv.FormatUint(meta.Sequence.Stream, 10), "", string(body))
-			if err == nil && ev.Type == batonnats.EventDeleted {
-				end(endDeleted)
-				return
-			}
-		case m := <-deltas:
+		case m := <-l.deltas:
 			d, perr := batonnats.ParseLiveDelta(m.Data)
 			fromRun := perr == nil && m.Subject == batonnats.LiveSubject(conv.Key, d.RunID)
 			if fromRun && d.RunID != current && (d.RunID != lastRun || time.Since(lastLookup) > time.Second) && lookups.Allow() {
@@ -267,6 +248,11 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			}
 			err = writeSSE(w, "", "delta", string(m.Data))
 		case <-tick.C:
+			if l.lagging.Load() {
+				// Events were dropped for this slow client: it reconnects
+				// with its Last-Event-ID and catches up from the stream.
+				return
+			}
 			_, err = fmt.Fprint(w, ": keep-alive\n\n")
 		case <-expired:
 			end(endExpired)
@@ -284,6 +270,9 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if err != nil {
+			return
+		}
+		if l.lagging.Load() {
 			return
 		}
 		if err := rc.Flush(); err != nil {

@@ -28,6 +28,15 @@ type sseEvent struct {
 type sseStream struct {
 	resp   *http.Response
 	events chan sseEvent
+	cancel context.CancelFunc
+}
+
+// close drops the connection, as a client that goes away does.
+func (s *sseStream) close() {
+	s.cancel()
+	s.resp.Body.Close()
+	for range s.events {
+	}
 }
 
 func openSSE(t *testing.T, url, token, lastID string) *sseStream {
@@ -43,7 +52,7 @@ func openSSE(t *testing.T, url, token, lastID string) *sseStream {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	s := &sseStream{resp: resp, events: make(chan sseEvent, 64)}
+	s := &sseStream{resp: resp, events: make(chan sseEvent, 64), cancel: cancel}
 	go func() {
 		defer close(s.events)
 		sc := bufio.NewScanner(resp.Body)

@@ -170,6 +170,7 @@ type Server struct {
 
 	eventsCfg batonnats.EventsConfig
 	events    *batonnats.EventPublisher
+	hub       *hub
 	closing   chan struct{}
 	closeOnce sync.Once
 }
@@ -192,6 +193,7 @@ func New(cfg Config) (*Server, error) {
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if cfg.JetStream != nil {
+		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log)
 		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
 	}
 	s.routes()
@@ -232,7 +234,14 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 // Close ends the open event streams, so that a graceful shutdown does not
 // wait for clients that never hang up. Register it with
 // http.Server.RegisterOnShutdown.
-func (s *Server) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		close(s.closing)
+		if s.hub != nil {
+			s.hub.close()
+		}
+	})
+}
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

@@ -1,0 +1,272 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// Buffers of one open event stream: what the hub holds for a client that
+// is slower than the events. A stream that falls further behind is closed
+// and the client, reconnecting with Last-Event-ID, catches up from the
+// stream.
+const (
+	listenerEvents = 64
+	listenerDeltas = 64
+)
+
+// hub follows the events stream and the live subjects once per API
+// process, and hands each conversation's events to the streams open on it:
+// thousands of clients cost one JetStream consumer and one subscription,
+// not one each, and a wave of reconnecting clients costs no more than
+// their steady state.
+type hub struct {
+	js  jetstream.JetStream
+	nc  *natsclient.Conn
+	cfg batonnats.EventsConfig
+	log zerolog.Logger
+
+	mu        sync.Mutex
+	listeners map[string]map[*listener]struct{} // by conversation key
+	// position is the newest event the hub has handed out: a listener
+	// registered now gets every event after it.
+	position uint64
+	// first and last cache the stream's bounds for resuming clients.
+	first, last uint64
+	boundsAt    time.Time
+
+	startOnce sync.Once
+	startErr  error
+	stop      context.CancelFunc
+	done      chan struct{}
+}
+
+// listener is one open event stream's inbox.
+type listener struct {
+	events chan hubEvent
+	deltas chan *natsclient.Msg
+	// lagging is set when the hub had to drop an event for it.
+	lagging atomic.Bool
+}
+
+type hubEvent struct {
+	seq  uint64
+	data []byte
+}
+
+func newHub(js jetstream.JetStream, nc *natsclient.Conn, cfg batonnats.EventsConfig, log zerolog.Logger) *hub {
+	return &hub{js: js, nc: nc, cfg: cfg, log: log, listeners: map[string]map[*listener]struct{}{}}
+}
+
+// start follows the stream from its current end, once; later calls report
+// how that went.
+func (h *hub) start() error {
+	h.startOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		stream, err := h.js.Stream(ctx, h.cfg.Name)
+		if err != nil {
+			cancel()
+			h.startErr = err
+			return
+		}
+		state := stream.CachedInfo().State
+		h.position, h.first, h.last, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, time.Now()
+		cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{h.cfg.SubjectPrefix + ".>"},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    state.LastSeq + 1,
+		})
+		if err != nil {
+			cancel()
+			h.startErr = err
+			return
+		}
+		iter, err := cons.Messages()
+		if err != nil {
+			cancel()
+			h.startErr = err
+			return
+		}
+		var sub *natsclient.Subscription
+		if h.nc != nil {
+			sub, err = h.nc.Subscribe(batonnats.LivePrefix+".>", h.delta)
+			if err != nil {
+				iter.Stop()
+				cancel()
+				h.startErr = err
+				return
+			}
+		}
+		h.stop, h.done = cancel, make(chan struct{})
+		go func() {
+			defer close(h.done)
+			context.AfterFunc(ctx, iter.Stop)
+			for {
+				m, err := iter.Next()
+				if err != nil {
+					if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+						break
+					}
+					// The ordered consumer recreates itself after a lost
+					// connection; do not spin meanwhile.
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+					continue
+				}
+				h.event(m)
+			}
+			if sub != nil {
+				_ = sub.Unsubscribe()
+			}
+		}()
+	})
+	return h.startErr
+}
+
+// close stops following; open streams end on their own (Server.Close).
+func (h *hub) close() {
+	h.startOnce.Do(func() { h.startErr = errors.New("api: closed") })
+	if h.stop != nil {
+		h.stop()
+		<-h.done
+	}
+}
+
+// event hands one event to the listeners of its conversation.
+func (h *hub) event(m jetstream.Msg) {
+	md, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	key, ok := h.keyOf(m.Subject(), h.cfg.SubjectPrefix+".")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.position = max(h.position, md.Sequence.Stream)
+	if !ok {
+		return
+	}
+	ev := hubEvent{seq: md.Sequence.Stream, data: m.Data()}
+	for l := range h.listeners[key] {
+		select {
+		case l.events <- ev:
+		default:
+			l.lagging.Store(true)
+		}
+	}
+}
+
+// delta hands one live delta to the listeners of its conversation.
+func (h *hub) delta(m *natsclient.Msg) {
+	rest, ok := strings.CutPrefix(m.Subject, batonnats.LivePrefix+".")
+	if !ok {
+		return
+	}
+	token, _, _ := strings.Cut(rest, ".")
+	key, err := batonnats.DecodeToken(token)
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for l := range h.listeners[key] {
+		select {
+		case l.deltas <- m:
+		default:
+			// A preview lost, never a reply: deltas are worth nothing
+			// once the turn ends.
+		}
+	}
+}
+
+func (h *hub) keyOf(subject, prefix string) (string, bool) {
+	token, ok := strings.CutPrefix(subject, prefix)
+	if !ok || strings.Contains(token, ".") {
+		return "", false
+	}
+	key, err := batonnats.DecodeToken(token)
+	return key, err == nil
+}
+
+// listen registers a listener for a conversation and returns it with the
+// hub's position: every event after that position reaches the listener.
+func (h *hub) listen(key string) (*listener, uint64) {
+	l := &listener{events: make(chan hubEvent, listenerEvents), deltas: make(chan *natsclient.Msg, listenerDeltas)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.listeners[key] == nil {
+		h.listeners[key] = map[*listener]struct{}{}
+	}
+	h.listeners[key][l] = struct{}{}
+	return l, h.position
+}
+
+func (h *hub) forget(key string, l *listener) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.listeners[key], l)
+	if len(h.listeners[key]) == 0 {
+		delete(h.listeners, key)
+	}
+}
+
+// bounds returns the stream's first and last sequences, read at most once
+// a second: a wave of reconnecting clients asks the server once, not once
+// each.
+func (h *hub) bounds(ctx context.Context) (first, last uint64, err error) {
+	h.mu.Lock()
+	fresh := time.Since(h.boundsAt) < time.Second
+	first, last = h.first, max(h.last, h.position)
+	h.mu.Unlock()
+	if fresh {
+		return first, last, nil
+	}
+	stream, err := h.js.Stream(ctx, h.cfg.Name)
+	if err != nil {
+		return 0, 0, err
+	}
+	state := stream.CachedInfo().State
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.first, h.last, h.boundsAt = state.FirstSeq, state.LastSeq, time.Now()
+	return h.first, max(h.last, h.position), nil
+}
+
+// catchUp sends the events of subject after seq from up to through
+// (inclusive), oldest first, reading them from the stream one by one.
+func (h *hub) catchUp(ctx context.Context, subject string, from, through uint64, send func(hubEvent) error) error {
+	if from > through {
+		return nil
+	}
+	stream, err := h.js.Stream(ctx, h.cfg.Name)
+	if err != nil {
+		return err
+	}
+	for seq := from; seq <= through; {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if m.Sequence > through {
+			return nil
+		}
+		if err := send(hubEvent{seq: m.Sequence, data: m.Data}); err != nil {
+			return err
+		}
+		seq = m.Sequence + 1
+	}
+	return nil
+}
