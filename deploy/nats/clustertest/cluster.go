@@ -53,9 +53,8 @@ type Options struct {
 type Cluster struct {
 	// Servers are the nodes, n1 to n3.
 	Servers []*server.Server
-	// URLs lists the nodes' client URLs as the servers report them
-	// (nats://127.0.0.1:PORT), comma-separated. A client that is given a
-	// CA file speaks TLS on them.
+	// URLs lists the nodes' client URLs as the servers report them,
+	// comma-separated.
 	URLs string
 	// TLSURLs lists the same nodes as tls:// URLs, comma-separated: what
 	// an operator gives a component in BATON_NATS_URL.
@@ -177,7 +176,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 			t.Fatalf("clustertest: node %s did not accept clients within 20s", s.Name())
 		}
 		urls = append(urls, s.ClientURL())
-		tlsURLs = append(tlsURLs, "tls://"+strings.TrimPrefix(s.ClientURL(), "nats://"))
+		tlsURLs = append(tlsURLs, "tls://"+s.Addr().String())
 	}
 	c.URLs = strings.Join(urls, ",")
 	c.TLSURLs = strings.Join(tlsURLs, ",")

@@ -1,0 +1,324 @@
+package securetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/internal/pgcluster"
+)
+
+// TestNoSecretReachesAnyOutput runs Baton's processes with every kind of
+// secret they take, at debug level, the way they succeed and the ways they
+// fail, and searches every byte they print for every secret, also
+// percent-encoded and JSON-escaped.
+//
+// The secrets: a NATS password in the URL, a .creds file (its JWT and
+// seed) for a server in operator mode, an nkey seed, and the password of
+// a PostgreSQL role that the server checks (scram-sha-256, over TLS).
+// With each NATS login, relay, worker and api run a turn through the API,
+// then status, status --json and replay --dry-run run. The failing runs
+// use a wrong NATS password, a wrong database password and a NATS server
+// that is not there.
+func TestNoSecretReachesAnyOutput(t *testing.T) {
+	t.Parallel()
+	ps := newProcesses(t)
+
+	dbPassword := "pg:" + randomText(t) + "@/#?&%"
+	pg := startPostgres(t, "baton", dbPassword, "baton_password", "baton_creds", "baton_nkey", "baton_failing")
+	dbURL := func(db string) string { return pg.TLSURL("baton", dbPassword, db) }
+
+	natsPassword := "nats:" + randomText(t) + "@/%"
+	passwordAddr := startNATS(t, func(o *server.Options) { o.Username, o.Password = "baton", natsPassword })
+	natsURL := func(password, addr string) string {
+		return (&url.URL{Scheme: "nats", User: url.UserPassword("baton", password), Host: addr}).String()
+	}
+	creds := startOperatorNATS(t)
+	nkeySeedFile, nkeyAddr := startNKeyNATS(t)
+
+	secrets := []secret{
+		{name: "NATS password", value: natsPassword},
+		{name: "database password", value: dbPassword},
+		{name: "JWT of the .creds file", value: creds.jwt},
+		{name: "signature of the .creds file's JWT", value: creds.jwt[strings.LastIndex(creds.jwt, ".")+1:]},
+		{name: "seed of the .creds file", value: creds.seed},
+		fileSecret(t, "nkey seed", nkeySeedFile),
+	}
+	var (
+		tokensMu sync.Mutex
+		tokens   []*process
+	)
+
+	logs := []string{"BATON_LOG_FORMAT=json", "BATON_LOG_LEVEL=debug"}
+	t.Run("working", func(t *testing.T) {
+		for _, mode := range []struct {
+			name, db string
+			nats     []string
+		}{
+			{"password in the URL", "baton_password", []string{"BATON_NATS_URL=" + natsURL(natsPassword, passwordAddr)}},
+			{"creds file", "baton_creds", []string{"BATON_NATS_URL=nats://" + creds.addr, "BATON_NATS_CREDS=" + creds.file}},
+			{"nkey seed", "baton_nkey", []string{"BATON_NATS_URL=nats://" + nkeyAddr, "BATON_NATS_NKEY_SEED=" + nkeySeedFile}},
+		} {
+			db := []string{"BATON_DATABASE_URL=" + dbURL(mode.db)}
+			// Slots belong to the PostgreSQL cluster, not to a database:
+			// each relay gets its own.
+			env := append(append(append([]string{"BATON_SLOT=" + mode.db}, db...), mode.nats...), logs...)
+			t.Run(mode.name, func(t *testing.T) {
+				t.Parallel()
+				name := func(cmd string) string { return mode.name + ": " + cmd }
+				migrate, code := ps.run(t, name("migrate"), 30*time.Second, append(db, logs...), "migrate")
+				require.Zero(t, code, "baton migrate failed:\n%s", migrate.tail(10))
+				token, code := ps.run(t, name("token create"), 30*time.Second, append(db, logs...), "token", "create", "--user", "alice")
+				require.Zero(t, code, "baton token create failed:\n%s", token.tail(10))
+				tokensMu.Lock()
+				tokens = append(tokens, token)
+				tokensMu.Unlock()
+				lines := strings.Split(strings.TrimSpace(token.text("stdout")), "\n")
+
+				ps.start(t, name("relay"), env, "relay")
+				ps.start(t, name("worker"), env, "worker")
+				api := ps.start(t, name("api"), append(env, "BATON_HTTP_ADDR=127.0.0.1:0"), "api")
+				var served struct{ Addr string }
+				require.NoError(t, json.Unmarshal([]byte(api.waitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
+				newAPIClient(served.Addr, lines[len(lines)-1]).converse(t, "leak", "hello", 45*time.Second)
+
+				status, code := ps.run(t, name("status"), 30*time.Second, env, "status")
+				require.Zero(t, code, "baton status should find nothing that needs attention:\n%s", status.tail(30))
+				status, code = ps.run(t, name("status --json"), 30*time.Second, env, "status", "--json")
+				require.Zero(t, code, "baton status --json should find nothing that needs attention:\n%s", status.tail(30))
+				require.True(t, json.Valid([]byte(status.text("stdout"))), "baton status --json should print JSON:\n%s", status.text("stdout"))
+				replay, code := ps.run(t, name("replay --dry-run"), 30*time.Second, env, "replay", "--group", "audit", "--all", "--dry-run")
+				require.Zero(t, code, "baton replay --dry-run failed:\n%s", replay.tail(10))
+				require.Contains(t, replay.text("stdout"), "dry run: group audit would replay")
+				require.Contains(t, replay.text("stdout"), "nothing was changed")
+			})
+		}
+	})
+
+	wrongNATSPassword := "nats:" + randomText(t) + "@/%"
+	wrongDBPassword := "pg:" + randomText(t) + "@/#?&%"
+	secrets = append(secrets,
+		secret{name: "wrong NATS password", value: wrongNATSPassword},
+		secret{name: "wrong database password", value: wrongDBPassword})
+	nowhere, err := pgcluster.FreePort()
+	require.NoError(t, err)
+	t.Run("failing", func(t *testing.T) {
+		db := "BATON_DATABASE_URL=" + dbURL("baton_failing")
+		badNATS := "BATON_NATS_URL=" + natsURL(wrongNATSPassword, passwordAddr)
+		goodNATS := "BATON_NATS_URL=" + natsURL(natsPassword, passwordAddr)
+		noNATS := "BATON_NATS_URL=" + natsURL(natsPassword, "127.0.0.1:"+strconv.Itoa(nowhere))
+		badDB := "BATON_DATABASE_URL=" + pg.TLSURL("baton", wrongDBPassword, "baton_failing")
+		migrate, code := ps.run(t, "migrate", 30*time.Second, append([]string{db}, logs...), "migrate")
+		require.Zero(t, code, "baton migrate failed:\n%s", migrate.tail(10))
+
+		for _, run := range []struct {
+			name string
+			env  []string
+			args []string
+			// exit is the exit code of a command that ends by itself;
+			// a service that keeps trying is stopped after it prints
+			// waitFor.
+			exit    int
+			waitFor []string
+		}{
+			{"worker, wrong NATS password", []string{db, badNATS}, []string{"worker"}, 1, []string{"baton:", "Authorization Violation"}},
+			{"replay --dry-run, wrong NATS password", []string{db, badNATS}, []string{"replay", "--group", "audit", "--all", "--dry-run"}, 1, []string{"baton:", "Authorization Violation"}},
+			{"status, wrong NATS password", []string{db, badNATS}, []string{"status"}, 3, []string{"NATS is not reachable"}},
+			{"relay, wrong NATS password", []string{db, badNATS, "BATON_SLOT=failing_password"}, []string{"relay"}, -1, []string{"cannot connect to NATS; retrying", "Authorization Violation", "BATON_NATS_URL"}},
+			{"api, wrong NATS password", []string{db, badNATS, "BATON_HTTP_ADDR=127.0.0.1:0"}, []string{"api"}, -1, []string{"cannot connect to NATS; retrying", "Authorization Violation", "BATON_NATS_URL"}},
+			{"migrate, wrong database password", []string{badDB}, []string{"migrate"}, 1, []string{"baton:", "password authentication failed"}},
+			{"worker, wrong database password", []string{badDB, goodNATS}, []string{"worker"}, 1, []string{"baton:", "password authentication failed"}},
+			{"relay, wrong database password", []string{badDB, goodNATS}, []string{"relay"}, 1, []string{"baton:", "password authentication failed"}},
+			{"status, wrong database password", []string{badDB, goodNATS}, []string{"status"}, 1, []string{"baton:", "password authentication failed"}},
+			{"worker, NATS not there", []string{db, noNATS}, []string{"worker"}, 1, []string{"baton:", "no servers available"}},
+			{"status, NATS not there", []string{db, noNATS}, []string{"status", "--json"}, 3, []string{"NATS is not reachable"}},
+			{"relay, NATS not there", []string{db, noNATS, "BATON_SLOT=failing_no_nats"}, []string{"relay"}, -1, []string{"cannot connect to NATS; retrying", "connection refused"}},
+		} {
+			t.Run(run.name, func(t *testing.T) {
+				t.Parallel()
+				p := ps.start(t, run.name, append(run.env, logs...), run.args...)
+				p.waitLine(t, 30*time.Second, run.waitFor...)
+				if run.exit < 0 {
+					p.stop(15 * time.Second)
+					return
+				}
+				require.Equal(t, run.exit, p.wait(t, 30*time.Second), "exit code of %s:\n%s", run.name, p.tail(10))
+			})
+		}
+	})
+
+	ps.stopAll()
+	for _, tok := range tokens {
+		lines := strings.Split(strings.TrimSpace(tok.text("stdout")), "\n")
+		secrets = append(secrets, secret{name: "API token", value: lines[len(lines)-1]})
+	}
+	ps.requireNoSecret(t, secrets, func(p *process, l outputLine, s secret) bool {
+		// Each token is shown where it is made, and nowhere else.
+		for _, tok := range tokens {
+			if p == tok && l.stream == "stdout" && s.name == "API token" && strings.Contains(l.text, s.value) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// randomText returns 16 random hexadecimal digits: no secret of one run
+// can match text of another.
+func randomText(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 8)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)
+}
+
+// startPostgres starts a PostgreSQL cluster of the test's own that admits
+// role, which it creates with password (and the right to stream
+// replication, for the relay), only over TLS and with scram-sha-256, and
+// creates each of dbs owned by role. The harness's superuser connects
+// without TLS or password (pgcluster's own lines).
+func startPostgres(t *testing.T, role, password string, dbs ...string) *pgcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "baton-securetest-pg-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	// As root the server runs as postgres, which must reach its folder.
+	require.NoError(t, os.Chmod(dir, 0o755))
+	c, err := pgcluster.New(pgcluster.Options{
+		Dir: filepath.Join(dir, "data"),
+		TLS: true,
+		HBA: []string{"hostssl all " + role + " 127.0.0.1/32 scram-sha-256"},
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Init(ctx))
+	require.NoError(t, c.Start(ctx))
+	t.Cleanup(func() { _ = c.Stop(pgcluster.Fast) })
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD '"+strings.ReplaceAll(password, "'", "''")+"'")
+	require.NoError(t, err)
+	for _, db := range dbs {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+db+" OWNER "+role)
+		require.NoError(t, err)
+	}
+	return c
+}
+
+// startNATS starts a NATS server with JetStream in this process, set up
+// by configure, and returns its host:port. It stops when t ends.
+func startNATS(t *testing.T, configure func(*server.Options)) string {
+	t.Helper()
+	o := &server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(),
+	}
+	configure(o)
+	s, err := server.NewServer(o)
+	require.NoError(t, err)
+	go s.Start()
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	require.True(t, s.ReadyForConnections(20*time.Second), "the NATS server did not accept clients within 20s")
+	return s.Addr().String()
+}
+
+// credsServer is a NATS server in operator (JWT) mode and a .creds file
+// of one of its users.
+type credsServer struct {
+	addr, file string
+	// jwt and seed are the user's, as the .creds file holds them.
+	jwt, seed string
+}
+
+// startOperatorNATS starts a server that trusts a new operator, with an
+// account (JetStream enabled) in a memory resolver, and writes a .creds
+// file of a user of that account.
+func startOperatorNATS(t *testing.T) credsServer {
+	t.Helper()
+	operator, err := nkeys.CreateOperator()
+	require.NoError(t, err)
+	operatorPub, err := operator.PublicKey()
+	require.NoError(t, err)
+	operatorClaims := jwt.NewOperatorClaims(operatorPub)
+	operatorClaims.Name = "baton-securetest"
+	resolver := &server.MemAccResolver{}
+	newAccount := func(name string, jetStream bool) (nkeys.KeyPair, string) {
+		kp, err := nkeys.CreateAccount()
+		require.NoError(t, err)
+		pub, err := kp.PublicKey()
+		require.NoError(t, err)
+		claims := jwt.NewAccountClaims(pub)
+		claims.Name = name
+		if jetStream {
+			claims.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		token, err := claims.Encode(operator)
+		require.NoError(t, err)
+		require.NoError(t, resolver.Store(pub, token))
+		return kp, pub
+	}
+	_, sysPub := newAccount("SYS", false)
+	account, _ := newAccount("BATON", true)
+	operatorClaims.SystemAccount = sysPub
+	_, err = operatorClaims.Encode(operator)
+	require.NoError(t, err)
+
+	user, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	userPub, err := user.PublicKey()
+	require.NoError(t, err)
+	userClaims := jwt.NewUserClaims(userPub)
+	userClaims.Name = "baton"
+	userJWT, err := userClaims.Encode(account)
+	require.NoError(t, err)
+	userSeed, err := user.Seed()
+	require.NoError(t, err)
+	creds, err := jwt.FormatUserConfig(userJWT, userSeed)
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "baton.creds")
+	require.NoError(t, os.WriteFile(file, creds, 0o600))
+
+	addr := startNATS(t, func(o *server.Options) {
+		o.TrustedOperators = []*jwt.OperatorClaims{operatorClaims}
+		o.AccountResolver = resolver
+		o.SystemAccount = sysPub
+	})
+	return credsServer{addr: addr, file: file, jwt: userJWT, seed: string(userSeed)}
+}
+
+// startNKeyNATS starts a server with one nkey user and returns the file
+// of its seed and the server's host:port.
+func startNKeyNATS(t *testing.T) (seedFile, addr string) {
+	t.Helper()
+	user, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := user.PublicKey()
+	require.NoError(t, err)
+	seed, err := user.Seed()
+	require.NoError(t, err)
+	seedFile = filepath.Join(t.TempDir(), "baton.nk")
+	require.NoError(t, os.WriteFile(seedFile, append(seed, '\n'), 0o600))
+	addr = startNATS(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
+	return seedFile, addr
+}
