@@ -3,61 +3,123 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net/http"
+	"regexp"
+	"strings"
+	"time"
 )
 
-// Sentinel errors of a turn, for errors.Is. A *ModelError wraps one of the
-// first four.
+// Sentinel errors of a turn, for errors.Is. A *ModelError wraps one of
+// them as its Kind; a *RateLimitError wraps a *ModelError of kind
+// ErrRateLimited.
+//
+// Each fault is classified by what another attempt would change. Terminal
+// ones (Terminal() is true) fail the turn at once: a refusal, a missing
+// model, an unsupported feature, a content filter, an empty or cut-off
+// answer with nothing in it, answers that are not chat completions, an
+// exhausted budget. The others leave the turn to another attempt: a rate
+// limit or an overload (after the wait it asks for, RetryAfter), a server
+// that failed or could not be reached through the retries inside the
+// attempt, a call that stopped making progress.
 var (
-	// ErrModelRefused: the model server refused the request (400, 401, 403,
-	// 404 and other 4xx but 408 and 429). Retrying cannot help; the turn
-	// should fail with the error's message, which says what to fix.
+	// ErrModelRefused: the model server refused the request (a 4xx other
+	// than 408 and 429). It is also matched by the more precise refusals
+	// below.
 	ErrModelRefused = errors.New("model server refused the request")
-	// ErrModelUnavailable: the model server kept answering 429 or 5xx, or
-	// could not be reached, after the retries of the attempt. Another
-	// attempt may succeed.
-	ErrModelUnavailable = errors.New("model server unavailable")
-	// ErrModelTimeout: a model call took longer than RequestTimeout. It
-	// ends the attempt; another attempt may succeed.
-	ErrModelTimeout = errors.New("model call timed out")
-	// ErrMalformedResponse: the model server answered with something that
-	// is not a chat completion.
+	// ErrModelAuth: the model server refused the API key (401) or the
+	// key's access to the model (403).
+	ErrModelAuth = errors.New("model server refused the credentials")
+	// ErrModelNotFound: the model server knows no such model, or has no
+	// chat completions endpoint at the base URL (404).
+	ErrModelNotFound = errors.New("model not found")
+	// ErrUnsupported: the model or the server does not support what the
+	// request uses (tools, streaming).
+	ErrUnsupported = errors.New("model does not support the request")
+	// ErrContextTooLong: the model server says the request exceeds the
+	// model's context window.
+	ErrContextTooLong = errors.New("request exceeds the model's context")
+	// ErrContentFiltered: the model server's content filter stopped the
+	// request or the answer.
+	ErrContentFiltered = errors.New("content filtered")
+	// ErrEmptyReply: the model answered with no text and no tool call.
+	ErrEmptyReply = errors.New("empty reply")
+	// ErrTruncated: the model reached its output limit before writing any
+	// text. (An answer cut off after some text is a reply with
+	// consumer.Reply.Truncated set, not an error.)
+	ErrTruncated = errors.New("reply cut off before any text")
+	// ErrMalformedResponse: the model server answered twice in a row with
+	// something that is not a chat completion (or, for a streaming
+	// request, not a stream of chunks).
 	ErrMalformedResponse = errors.New("malformed model response")
+	// ErrRateLimited: the model server is rate limiting or overloaded
+	// (429, 503, 529). Returned as a *RateLimitError, whose RetryAfter
+	// says when to try again.
+	ErrRateLimited = errors.New("model server rate limited or overloaded")
+	// ErrModelUnavailable: the model server kept failing (5xx) or could not
+	// be reached through the retries of the attempt. Another attempt may
+	// succeed.
+	ErrModelUnavailable = errors.New("model server unavailable")
+	// ErrModelTimeout: a model call made no progress for too long (no first
+	// byte within FirstByteTimeout, or a pause longer than IdleTimeout), or
+	// ran past RequestTimeout. It ends the attempt; another may succeed.
+	ErrModelTimeout = errors.New("model call timed out")
 	// ErrBudgetExceeded: the turn used all the model calls or tool rounds
 	// it may use.
 	ErrBudgetExceeded = errors.New("turn budget exceeded")
+	// ErrContextBudget: the turn does not fit ContextTokens even with its
+	// tool results left out and its messages cut.
+	ErrContextBudget = errors.New("turn does not fit the context budget")
 )
 
-// ModelError is a failed turn, with a message meant for the person who
-// reads the conversation or runs Baton: it says what went wrong and what
-// to fix, and never holds the API key.
+// refusals are the kinds that are also ErrModelRefused.
+var refusals = []error{ErrModelAuth, ErrModelNotFound, ErrUnsupported, ErrContextTooLong}
+
+// ModelError is a failed turn, with two texts: Message for the person who
+// runs Baton (what happened, and which setting to check), User for the
+// person who reads the conversation (short, naming no setting, flag,
+// server or secret). Neither ever holds the API key.
 type ModelError struct {
 	// Kind is one of the sentinel errors above.
 	Kind error
 	// StatusCode is the HTTP status of the model server's answer, 0 if
 	// there was none.
 	StatusCode int
-	// Message is the visible explanation.
+	// Message is the operator's explanation (Error).
 	Message string
+	// User is the user's explanation (UserText).
+	User string
 	// Cause is the underlying error, for logs.
 	Cause error
 }
 
 func (e *ModelError) Error() string { return e.Message }
 
-// Unwrap lets errors.Is match Kind and the cause.
+// UserText is what the user reads about the failed turn (see
+// consumer.TerminalError).
+func (e *ModelError) UserText() string { return e.User }
+
+// Unwrap lets errors.Is match Kind (and ErrModelRefused for the precise
+// refusals) and the cause.
 func (e *ModelError) Unwrap() []error {
-	if e.Cause == nil {
-		return []error{e.Kind}
+	out := []error{e.Kind}
+	for _, r := range refusals {
+		if e.Kind == r {
+			out = append(out, ErrModelRefused)
+		}
 	}
-	return []error{e.Kind, e.Cause}
+	if e.Cause != nil {
+		out = append(out, e.Cause)
+	}
+	return out
 }
 
 // Terminal reports whether another attempt at the turn would fail the same
-// way: a refused request or an exhausted budget. The turn runner should
-// show the error at once instead of retrying.
+// way. The turn runner shows the error at once instead of retrying.
 func (e *ModelError) Terminal() bool {
-	return errors.Is(e.Kind, ErrModelRefused) || errors.Is(e.Kind, ErrBudgetExceeded)
+	switch e.Kind {
+	case ErrRateLimited, ErrModelUnavailable, ErrModelTimeout:
+		return false
+	}
+	return true
 }
 
 // IsTerminal reports whether err ends a turn for good (see
@@ -67,28 +129,69 @@ func IsTerminal(err error) bool {
 	return errors.As(err, &me) && me.Terminal()
 }
 
-// refusal builds the error of a 4xx answer: each says what to check.
-// detail is the server's own message, when it gave one.
-func refusal(status int, model, detail string, cause error) *ModelError {
-	text := fmt.Sprintf("%d %s", status, http.StatusText(status))
-	if detail != "" {
-		text += ": " + truncate(detail, 300)
+// MaxRetryAfter caps the wait a RateLimitError asks for, whatever the
+// server's Retry-After says.
+const MaxRetryAfter = time.Hour
+
+// RateLimitError is a rate limit or an overload (429, 503, 529) that asks
+// for the next attempt no sooner than After: the server's Retry-After
+// (seconds or an HTTP date, at most MaxRetryAfter), or an exponential
+// backoff when it sent none. It implements consumer.RetryAfterError, so
+// the turn runner releases the turn with that not-before time instead of
+// waiting inside its lease. It is not terminal.
+type RateLimitError struct {
+	*ModelError
+	// After is how long to wait before the next attempt.
+	After time.Duration
+}
+
+// RetryAfter is the wait before the next attempt.
+func (e *RateLimitError) RetryAfter() time.Duration { return e.After }
+
+// Unwrap returns the *ModelError, so errors.As finds it and errors.Is
+// matches ErrRateLimited.
+func (e *RateLimitError) Unwrap() error { return e.ModelError }
+
+// The texts users read. They name no setting, flag, server or secret: the
+// operator's texts do.
+const (
+	userSetup       = "The assistant could not answer because its model service is not set up correctly. An administrator needs to fix it."
+	userAuth        = "The assistant could not answer because it is not allowed to use its model. An administrator needs to fix it."
+	userNotFound    = "The assistant could not answer because its model is not available. An administrator needs to fix it."
+	userTooLong     = "The assistant could not answer because this conversation does not fit its model. An administrator needs to fix it."
+	userMalformed   = "The assistant could not answer because it could not read its model service's answers. An administrator needs to fix it."
+	userFiltered    = "The model declined to answer this message because of its content policy. Try rephrasing it."
+	userEmpty       = "The model gave an empty answer. Try rephrasing your message."
+	userTruncated   = "The model ran out of room before it wrote anything. Try asking for less at a time."
+	userBusy        = "The assistant's model is busy. Press Retry or send your message again in a minute."
+	userUnavailable = "The assistant's model service is not responding. Press Retry or send your message again later."
+	userTimeout     = "The assistant's model stopped responding. Press Retry or send your message again."
+	userToolRounds  = "The assistant needed too many steps for this message and stopped. Try asking for less at a time."
+	userModelCalls  = "The assistant made too many model calls for this message and stopped. Press Retry or send your message again."
+)
+
+// keyLike matches what looks like an API key in a server's message, which
+// some servers echo back in part.
+var keyLike = regexp.MustCompile(`\b(sk|pk|rk|key)[-_][A-Za-z0-9*._-]{4,}`)
+
+// detail is a server's message made safe to show an operator: shortened,
+// on one line, with the API key and anything like a key taken out.
+func detail(s, apiKey string) string {
+	if apiKey != "" {
+		s = strings.ReplaceAll(s, apiKey, "[key]")
 	}
-	var msg string
-	switch status {
-	case http.StatusUnauthorized:
-		// The server's detail may echo part of the key: leave it out.
-		msg = "the model server refused the API key (401 Unauthorized): check BATON_MODEL_API_KEY (--model-api-key)"
-	case http.StatusForbidden:
-		msg = fmt.Sprintf("the model server denied access to model %q (%s): check that the key in BATON_MODEL_API_KEY (--model-api-key) may use it", model, text)
-	case http.StatusNotFound:
-		msg = fmt.Sprintf("the model server has no model %q or no chat completions endpoint (%s): check BATON_MODEL (--model), and BATON_MODEL_BASE_URL (--model-base-url), which usually ends in /v1", model, text)
-	case http.StatusBadRequest:
-		msg = fmt.Sprintf("the model server rejected the request (%s): check that model %q (BATON_MODEL, --model) supports chat with tools", model, text)
-	default:
-		msg = fmt.Sprintf("the model server refused the request (%s): check BATON_MODEL_BASE_URL (--model-base-url) and BATON_MODEL (--model)", text)
+	s = keyLike.ReplaceAllString(s, "[key]")
+	s = strings.Join(strings.Fields(s), " ")
+	return truncate(s, 300)
+}
+
+// statusText is "400 Bad Request", or "400 Bad Request: detail".
+func statusText(status int, text, d string) string {
+	s := fmt.Sprintf("%d %s", status, text)
+	if d != "" {
+		s += ": " + d
 	}
-	return &ModelError{Kind: ErrModelRefused, StatusCode: status, Message: msg, Cause: cause}
+	return s
 }
 
 func truncate(s string, n int) string {

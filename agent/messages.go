@@ -4,33 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/openai/openai-go/v3"
-
-	"github.com/batonhq/baton/consumer"
-	"github.com/batonhq/baton/schema"
 )
-
-// messages is the request's conversation: the system prompt, the history
-// and the turn's user messages. An error message in the history is what
-// Baton told the user when a turn failed; it was never the model's, so it
-// is not sent as if the model had said it.
-func messages(systemPrompt string, turn consumer.Turn) []openai.ChatCompletionMessageParamUnion {
-	var out []openai.ChatCompletionMessageParamUnion
-	if systemPrompt != "" {
-		out = append(out, openai.SystemMessage(systemPrompt))
-	}
-	for _, m := range turn.History {
-		switch m.Role {
-		case schema.RoleUser:
-			out = append(out, openai.UserMessage(m.Content))
-		case schema.RoleAssistant:
-			out = append(out, openai.AssistantMessage(m.Content))
-		}
-	}
-	for _, m := range turn.Messages {
-		out = append(out, openai.UserMessage(m.Content))
-	}
-	return out
-}
 
 // assistantMessage is a model step that asked for tools, as the next
 // request repeats it.

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/consumer"
@@ -40,19 +38,24 @@ func NewOpenAI(cfg Config) (*OpenAI, error) {
 	// The service is built from these options alone, not from the
 	// client's OPENAI_* environment defaults: Baton's own settings are the
 	// only configuration. The client's retries are off: the agent retries
-	// itself, so that a retry is counted in the turn's budget, waits
-	// Retry-After under MaxRetryDelay, and resets the live reply.
+	// itself, so that a retry is counted in the turn's budget, a long
+	// Retry-After goes to the turn runner instead of being waited out, and
+	// the live reply is reset.
 	chat := openai.NewChatCompletionService(
 		option.WithBaseURL(cfg.BaseURL),
 		option.WithAPIKey(cfg.APIKey),
 		option.WithHTTPClient(cfg.HTTPClient),
 		option.WithMaxRetries(0),
 	)
-	return &OpenAI{cfg: cfg, chat: chat, log: cfg.Logger.With().Str("component", "agent").Str("model", cfg.Model).Logger()}, nil
+	// The caller's logger names the component (the worker's says
+	// component=agent): adding it here would repeat the key.
+	return &OpenAI{cfg: cfg, chat: chat, log: cfg.Logger.With().Str("model", cfg.Model).Logger()}, nil
 }
 
 // Run answers one turn. The reply is the text of every model step, one
 // paragraph each; it is also what the live events of the run add up to.
+// A reply the model cut off at its output limit comes back with Truncated
+// set.
 func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.ToolExecutor) (consumer.Reply, error) {
 	log := a.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).Logger()
 	lv := newLive(a.cfg.Live, turn.ConversationID, turn.RunID, log)
@@ -61,14 +64,19 @@ func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.Too
 		// showed.
 		lv.publish(batonnats.DeltaReset, "")
 	}
-	t := &turnLoop{OpenAI: a, log: log, live: lv, tools: tools, ids: map[string]bool{}}
-	reply, err := t.run(ctx, messages(a.cfg.SystemPrompt, turn))
+	toolParams := a.cfg.Tools.params()
+	t := &turnLoop{
+		OpenAI: a, log: log, live: lv, tools: tools, ids: map[string]bool{},
+		attempt: max(turn.Attempt, 1), toolParams: toolParams,
+		window: newWindow(a.cfg, turn, toolParams),
+	}
+	reply, err := t.run(ctx)
 	if err != nil {
 		lv.failed()
 		return consumer.Reply{}, err
 	}
 	lv.done()
-	return consumer.Reply{Content: reply}, nil
+	return reply, nil
 }
 
 // turnLoop is the state of one turn.
@@ -77,40 +85,73 @@ type turnLoop struct {
 	log   zerolog.Logger
 	live  *live
 	tools consumer.ToolExecutor
+	// attempt is the turn's attempt, from 1.
+	attempt    int
+	toolParams []openai.ChatCompletionToolUnionParam
+	window     *window
 	// calls counts model calls, retries included.
 	calls int
 	// ids are the tool call IDs given to the journal in this run.
 	ids map[string]bool
 }
 
-func (t *turnLoop) run(ctx context.Context, msgs []openai.ChatCompletionMessageParamUnion) (string, error) {
-	toolParams := t.cfg.Tools.params()
+func (t *turnLoop) run(ctx context.Context) (consumer.Reply, error) {
 	for round := 0; ; round++ {
-		params := openai.ChatCompletionNewParams{Model: t.cfg.Model, Messages: msgs, Tools: toolParams}
+		req, err := t.window.next(ctx)
+		if err != nil {
+			return consumer.Reply{}, err
+		}
+		t.log.Debug().Int("round", round+1).Int("messages", len(req.messages)).Int("history_messages", req.history).
+			Int("estimated_tokens", req.tokens).Bool("trimmed", req.trimmed).Msg("model request")
+		params := openai.ChatCompletionNewParams{Model: t.cfg.Model, Messages: req.messages, Tools: t.toolParams}
 		st, err := t.step(ctx, params)
 		if err != nil {
-			return "", err
+			return consumer.Reply{}, err
+		}
+		switch st.finish {
+		case "content_filter":
+			return consumer.Reply{}, &ModelError{Kind: ErrContentFiltered, User: userFiltered, Message: `the model stopped its answer for its content filter (finish reason "content_filter"); another attempt would be filtered too: if this happens often, check the system prompt (BATON_SYSTEM_PROMPT, --system-prompt)`}
+		case "length":
+			// Cut off at the output limit: the text so far is the reply,
+			// marked as such. Tool calls of the step may be cut in half:
+			// none of them runs.
+			t.live.commit(st.content)
+			if t.live.text() == "" {
+				return consumer.Reply{}, &ModelError{Kind: ErrTruncated, User: userTruncated, Message: fmt.Sprintf(`the model reached its output limit (finish reason "length") before it wrote any text%s: raise the model server's output token limit, or lower BATON_MODEL_CONTEXT_TOKENS (--model-context-tokens) to leave more of the context window for the answer`, callsNote(len(st.calls)))}
+			}
+			t.log.Info().Int("tool_calls_dropped", len(st.calls)).Msg("reply cut off at the model's output limit")
+			return consumer.Reply{Content: t.live.text(), Truncated: true}, nil
 		}
 		t.live.commit(st.content)
 		if len(st.calls) == 0 {
 			if t.live.text() == "" {
-				return "", &ModelError{Kind: ErrMalformedResponse, Message: fmt.Sprintf("the model returned an empty reply (finish reason %q)", st.finish)}
+				return consumer.Reply{}, &ModelError{Kind: ErrEmptyReply, User: userEmpty, Message: fmt.Sprintf("the model returned an empty answer (finish reason %q, no text, no tool call); another attempt would likely do the same: check that model %q (BATON_MODEL, --model) is a chat model", st.finish, t.cfg.Model)}
 			}
-			return t.live.text(), nil
+			return consumer.Reply{Content: t.live.text()}, nil
 		}
 		if round >= t.cfg.MaxToolIterations {
-			return "", &ModelError{Kind: ErrBudgetExceeded, Message: fmt.Sprintf("the model was still calling tools after %d rounds, the most a turn may use: raise --max-tool-iterations, or rephrase the request", t.cfg.MaxToolIterations)}
+			return consumer.Reply{}, &ModelError{Kind: ErrBudgetExceeded, User: userToolRounds, Message: fmt.Sprintf("the model was still calling tools after %d rounds, the most a turn may use (BATON_MAX_TOOL_ITERATIONS, --max-tool-iterations): raise it if turns need more", t.cfg.MaxToolIterations)}
 		}
 		calls := t.identify(round, st.calls)
-		msgs = append(msgs, assistantMessage(st.content, calls))
-		for _, c := range calls {
-			result, err := t.callTool(ctx, c)
-			if err != nil {
-				return "", err
+		results := make([]string, len(calls))
+		for i, c := range calls {
+			if results[i], err = t.callTool(ctx, c); err != nil {
+				return consumer.Reply{}, err
 			}
-			msgs = append(msgs, openai.ToolMessage(result, c.ID))
 		}
+		t.window.addRound(st.content, calls, results)
 	}
+}
+
+// callsNote says how many tool calls a cut-off step left unrun.
+func callsNote(n int) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return " (it was writing a tool call, which did not run)"
+	}
+	return fmt.Sprintf(" (it was writing %d tool calls, which did not run)", n)
 }
 
 // identify gives each call of a step an ID that is unique in the run,
@@ -173,12 +214,21 @@ type stepResult struct {
 	finish  string
 }
 
-// step calls the model once, retrying 429, 5xx and lost connections with
-// backoff inside the attempt.
+// step calls the model once, retrying inside the attempt what may pass
+// soon: a 5xx or a lost connection with backoff, a rate limit whose
+// Retry-After is at most MaxInlineRetryAfter, and one malformed answer.
+// A longer wait ends the attempt with a *RateLimitError at once, so the
+// turn runner schedules the next attempt instead of holding the lease.
 func (t *turnLoop) step(ctx context.Context, params openai.ChatCompletionNewParams) (stepResult, error) {
-	for retry := 0; ; retry++ {
+	var failed, malformed int
+	var last *failure
+	for {
 		if t.calls >= t.cfg.MaxModelCalls {
-			return stepResult{}, &ModelError{Kind: ErrBudgetExceeded, Message: fmt.Sprintf("the turn used all %d model calls it may make: raise --max-model-calls, or rephrase the request", t.cfg.MaxModelCalls)}
+			msg := fmt.Sprintf("the turn made all %d model calls it may make (BATON_MAX_MODEL_CALLS, --max-model-calls)", t.cfg.MaxModelCalls)
+			if last != nil {
+				msg += "; the last one failed: " + last.what
+			}
+			return stepResult{}, &ModelError{Kind: ErrBudgetExceeded, User: userModelCalls, Message: msg}
 		}
 		t.calls++
 		st, err := t.call(ctx, params)
@@ -192,19 +242,34 @@ func (t *turnLoop) step(ctx context.Context, params openai.ChatCompletionNewPara
 		if !errors.As(err, &f) {
 			return stepResult{}, err
 		}
-		if !f.retryable || retry >= max(t.cfg.MaxRetries, 0) {
+		failed++
+		last = f
+		retries := max(t.cfg.MaxRetries, 0)
+		var wait time.Duration
+		switch f.fault {
+		case faultTerminal, faultTimeout:
 			return stepResult{}, f.err
-		}
-		wait := backoff(retry, t.cfg.RetryBaseDelay, t.cfg.MaxRetryDelay)
-		if f.hasRetryAfter {
-			if f.retryAfter > t.cfg.MaxRetryDelay {
-				f.err.Message += fmt.Sprintf("; it asked to wait %s, longer than the %s an attempt waits", f.retryAfter, t.cfg.MaxRetryDelay)
-				return stepResult{}, f.err
+		case faultMalformed:
+			malformed++
+			if malformed > min(retries, 1) {
+				return stepResult{}, t.malformed(f, failed)
 			}
-			wait = f.retryAfter
+			wait = backoff(0, t.cfg.RetryBaseDelay, t.cfg.MaxRetryDelay)
+		default:
+			switch {
+			case f.hasRetryAfter && f.retryAfter > t.cfg.MaxInlineRetryAfter,
+				f.fault == faultRateLimit && (!f.hasRetryAfter || failed > retries):
+				return stepResult{}, t.rateLimited(f, failed)
+			case failed > retries:
+				return stepResult{}, t.unavailable(f, failed)
+			case f.hasRetryAfter:
+				wait = f.retryAfter
+			default:
+				wait = backoff(failed-1, t.cfg.RetryBaseDelay, t.cfg.MaxRetryDelay)
+			}
 		}
 		t.live.retry()
-		t.log.Warn().Err(f.err.Cause).Int("status_code", f.err.StatusCode).Int("retry", retry+1).Dur("wait", wait).Msg("model call failed; retrying")
+		t.log.Warn().Str("failure", f.what).Int("status_code", f.status).Int("retry", failed).Dur("wait", wait).Msg("model call failed; retrying")
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -215,36 +280,78 @@ func (t *turnLoop) step(ctx context.Context, params openai.ChatCompletionNewPara
 	}
 }
 
-// failure is a failed model call, classified.
-type failure struct {
-	err           *ModelError
-	retryable     bool
-	retryAfter    time.Duration
-	hasRetryAfter bool
+// calls is "1 call" or "n calls in a row".
+func calls(n int) string {
+	if n == 1 {
+		return "1 call"
+	}
+	return fmt.Sprintf("%d calls in a row", n)
 }
 
-func (f *failure) Error() string { return f.err.Error() }
+func (t *turnLoop) rateLimited(f *failure, n int) *RateLimitError {
+	var wait time.Duration
+	var asked string
+	switch {
+	case f.hasRetryAfter && f.retryAfter > MaxRetryAfter:
+		wait = MaxRetryAfter
+		asked = fmt.Sprintf("asked to wait %s, more than the %s a turn waits: the turn is to be tried again in %s", f.retryAfter, MaxRetryAfter, wait)
+	case f.hasRetryAfter:
+		wait = f.retryAfter.Round(time.Millisecond)
+		asked = fmt.Sprintf("asked to wait %s: the turn is to be tried again after that", wait)
+	default:
+		wait = backoff(t.attempt-1, t.cfg.RateLimitDelay, t.cfg.MaxRetryDelay).Round(time.Millisecond)
+		asked = fmt.Sprintf("sent no Retry-After: the turn is to be tried again in %s (backoff for attempt %d)", wait, t.attempt)
+	}
+	return &RateLimitError{After: wait, ModelError: &ModelError{
+		Kind: ErrRateLimited, StatusCode: f.status, User: userBusy, Cause: f.cause,
+		Message: fmt.Sprintf("the model server is busy (%s, on %s in this attempt) and %s; if this persists, check the limits of the key in BATON_MODEL_API_KEY (--model-api-key) and the capacity of the server at BATON_MODEL_BASE_URL (--model-base-url)", f.what, calls(n), asked),
+	}}
+}
 
-// call makes one request, streamed unless DisableStreaming.
+func (t *turnLoop) unavailable(f *failure, n int) *ModelError {
+	return &ModelError{
+		Kind: ErrModelUnavailable, StatusCode: f.status, User: userUnavailable, Cause: f.cause,
+		Message: fmt.Sprintf("the model server failed on %s in this attempt (last: %s): check that it is up and not overloaded at BATON_MODEL_BASE_URL (--model-base-url)", calls(n), f.what),
+	}
+}
+
+func (t *turnLoop) malformed(f *failure, n int) *ModelError {
+	fix := "check that BATON_MODEL_BASE_URL (--model-base-url) is the API root of an OpenAI-compatible server"
+	if !t.cfg.DisableStreaming {
+		fix += ", or set --model-streaming=false (BATON_MODEL_STREAMING=false) if it cannot stream"
+	}
+	return &ModelError{
+		Kind: ErrMalformedResponse, User: userMalformed, Cause: f.cause,
+		Message: fmt.Sprintf("the model server's answers are not chat completions (%s; last: %s): %s", calls(n), f.what, fix),
+	}
+}
+
+// call makes one request, streamed unless DisableStreaming, judged by its
+// progress (see watch) and capped at RequestTimeout. A failure comes back
+// as a *failure, or as the turn's own context error.
 func (t *turnLoop) call(ctx context.Context, params openai.ChatCompletionNewParams) (st stepResult, err error) {
-	reqCtx, cancel := context.WithTimeout(ctx, t.cfg.RequestTimeout)
-	defer cancel()
+	capCtx, stopCap := context.WithTimeoutCause(ctx, t.cfg.RequestTimeout, &timeoutError{what: "cap", after: t.cfg.RequestTimeout})
+	defer stopCap()
+	callCtx, cancel := context.WithCancelCause(capCtx)
+	defer cancel(nil)
+	w := newWatch(t.cfg.FirstByteTimeout, t.cfg.IdleTimeout, !t.cfg.DisableStreaming, cancel)
+	defer w.stop()
 	if t.cfg.DisableStreaming {
-		st, err = t.whole(reqCtx, params)
+		st, err = t.whole(callCtx, params, w.option())
 	} else {
-		st, err = t.stream(reqCtx, params)
+		st, err = t.stream(callCtx, params, w.option())
 	}
-	if err != nil {
-		if ctx.Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-			return st, &failure{err: &ModelError{Kind: ErrModelTimeout, Message: fmt.Sprintf("the model did not answer within %s: raise --model-timeout, or check the model server at BATON_MODEL_BASE_URL", t.cfg.RequestTimeout), Cause: err}}
-		}
-		return st, t.classify(err)
+	switch {
+	case err == nil:
+		return st, nil
+	case ctx.Err() != nil:
+		return st, context.Cause(ctx)
 	}
-	return st, nil
+	return st, t.classify(err, context.Cause(callCtx))
 }
 
-func (t *turnLoop) whole(ctx context.Context, params openai.ChatCompletionNewParams) (stepResult, error) {
-	comp, err := t.chat.New(ctx, params)
+func (t *turnLoop) whole(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
+	comp, err := t.chat.New(ctx, params, opt)
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -264,8 +371,8 @@ func (t *turnLoop) whole(ctx context.Context, params openai.ChatCompletionNewPar
 	return st, nil
 }
 
-func (t *turnLoop) stream(ctx context.Context, params openai.ChatCompletionNewParams) (stepResult, error) {
-	s := t.chat.NewStreaming(ctx, params)
+func (t *turnLoop) stream(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
+	s := t.chat.NewStreaming(ctx, params, opt)
 	defer s.Close()
 	var st stepResult
 	var content strings.Builder
@@ -308,40 +415,3 @@ var (
 	errNoChoices  = errors.New("the response has no choices")
 	errIncomplete = errors.New("the streamed response ended without a finish reason")
 )
-
-// classify turns a failed call into what the turn does about it.
-func (t *turnLoop) classify(err error) *failure {
-	var apiErr *openai.Error
-	var streamErr *ssestream.StreamError
-	var syntaxErr *json.SyntaxError
-	var typeErr *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &apiErr):
-		status := apiErr.StatusCode
-		if status == http.StatusTooManyRequests || status == http.StatusRequestTimeout || status >= 500 {
-			f := &failure{retryable: true, err: &ModelError{
-				Kind: ErrModelUnavailable, StatusCode: status, Cause: err,
-				Message: fmt.Sprintf("the model server is unavailable (%d %s) after %d retries: check its load and limits at BATON_MODEL_BASE_URL", status, http.StatusText(status), max(t.cfg.MaxRetries, 0)),
-			}}
-			if apiErr.Response != nil {
-				f.retryAfter, f.hasRetryAfter = retryAfter(apiErr.Response.Header, time.Now())
-			}
-			return f
-		}
-		detail := apiErr.Message
-		if detail == "" && apiErr.JSON.Message.Valid() {
-			detail = apiErr.JSON.Message.Raw()
-		}
-		return &failure{err: refusal(status, t.cfg.Model, detail, err)}
-	case errors.As(err, &streamErr):
-		return &failure{retryable: true, err: &ModelError{Kind: ErrModelUnavailable, Cause: err,
-			Message: fmt.Sprintf("the model server reported an error while streaming (%s)", truncate(streamErr.Message, 300))}}
-	case errors.As(err, &syntaxErr), errors.As(err, &typeErr), errors.Is(err, errNoChoices):
-		return &failure{err: &ModelError{Kind: ErrMalformedResponse, Cause: err,
-			Message: fmt.Sprintf("the model server's answer is not a chat completion (%v): check that BATON_MODEL_BASE_URL points at an OpenAI-compatible API", err)}}
-	default:
-		// A lost connection, a refused dial, a stream cut short.
-		return &failure{retryable: true, err: &ModelError{Kind: ErrModelUnavailable, Cause: err,
-			Message: fmt.Sprintf("the model server could not be reached or stopped answering (%v): check BATON_MODEL_BASE_URL (--model-base-url)", err)}}
-	}
-}

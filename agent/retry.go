@@ -23,10 +23,10 @@ func backoff(n int, base, maxDelay time.Duration) time.Duration {
 	return d - rand.N(d/2)
 }
 
-// retryAfter reads how long the server asked to wait: retry-after-ms
+// parseRetryAfter reads how long the server asked to wait: retry-after-ms
 // (sent by some OpenAI-compatible servers) or Retry-After in seconds or as
 // an HTTP date. ok is false when the response asks nothing.
-func retryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
+func parseRetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 	if h == nil {
 		return 0, false
 	}

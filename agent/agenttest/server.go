@@ -1,12 +1,15 @@
 // Package agenttest is a fake OpenAI-compatible model server for tests:
-// an httptest server that answers chat completion requests from a script,
-// streamed (server-sent events) when the request asks for it and whole
-// otherwise, and records what it was sent.
+// an httptest server that answers chat completion requests from a script
+// (or a function of the request), streamed (server-sent events) when the
+// request asks for it and whole otherwise, with the faults real servers
+// have (error statuses, Retry-After, malformed bodies, streams cut, failed
+// or stalled), and records what it was sent.
 package agenttest
 
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -29,8 +32,15 @@ type Response struct {
 	// Header is added to the answer, for example Retry-After.
 	Header http.Header
 	// Body, when set, is sent as is (an error body, or a malformed one),
-	// instead of a completion built from the fields below.
+	// instead of a completion built from the fields below, with
+	// ContentType.
 	Body string
+	// StreamBody, when set, is sent as is as a stream of server-sent
+	// events (a malformed one, say), with ContentType.
+	StreamBody string
+	// ContentType of a Body or StreamBody. Defaults to application/json
+	// for Body and text/event-stream for StreamBody.
+	ContentType string
 	// Content is the reply text. Streamed, it is sent in pieces of
 	// ChunkSize runes.
 	Content string
@@ -51,8 +61,13 @@ type Response struct {
 	// ErrorAfter, for a streamed answer, sends an error event after that
 	// many content chunks, as servers do when they fail mid-stream.
 	ErrorAfter int
-	// Hang holds the answer until the client gives up on the request.
+	// Hang holds the answer, headers included, until the client gives up
+	// on the request.
 	Hang bool
+	// StallAfter, for a streamed answer, stops sending after that many
+	// content chunks and holds the connection open until the client gives
+	// up, as a stuck model does.
+	StallAfter int
 	// ChunkDelay, for a streamed answer, pauses before each content chunk,
 	// as a model that writes slowly does, so that a client can watch the
 	// reply grow.
@@ -90,6 +105,8 @@ func (m Message) Text() string {
 type Request struct {
 	At     time.Time
 	Header http.Header
+	// Bytes is the size of the request's body.
+	Bytes  int
 	Model  string `json:"model"`
 	Stream bool   `json:"stream"`
 	// Messages are the conversation the request sent.
@@ -112,9 +129,14 @@ type Server struct {
 
 	mu       sync.Mutex
 	script   []Response
+	respond  Responder
 	requests []Request
+	count    int
 	arrived  chan struct{}
 }
+
+// Responder answers request n (from 0) from what it holds.
+type Responder func(n int, req Request) Response
 
 // NewServer starts a server that answers with script, in order, and
 // fails t on a request beyond it. It is closed when t ends.
@@ -123,6 +145,24 @@ func NewServer(t testing.TB, script ...Response) *Server {
 	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// NewResponder starts a server that answers each request with what
+// respond returns for it, for tests of many requests: it keeps no
+// request (Requests is empty; Count counts them), so respond checks what
+// it needs to. It is closed when t ends.
+func NewResponder(t testing.TB, respond Responder) *Server {
+	s := &Server{t: t, respond: respond, arrived: make(chan struct{}, 1024)}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Count is the number of requests received.
+func (s *Server) Count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.count
 }
 
 // BaseURL is the API root to configure an agent with.
@@ -151,21 +191,38 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := Request{At: time.Now(), Header: r.Header.Clone()}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+	body, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
 		s.t.Errorf("agenttest: request body is not JSON: %v", err)
 		http.Error(w, `{"error":{"message":"bad json"}}`, http.StatusBadRequest)
 		return
 	}
+	req.Bytes = len(body)
 	s.mu.Lock()
-	n := len(s.requests)
-	s.requests = append(s.requests, req)
+	n := s.count
+	s.count++
 	var res Response
-	ok := n < len(s.script)
-	if ok {
-		res = s.script[n]
+	ok := true
+	if s.respond == nil {
+		s.requests = append(s.requests, req)
+		ok = n < len(s.script)
+		if ok {
+			res = s.script[n]
+		}
 	}
+	respond := s.respond
 	s.mu.Unlock()
-	s.arrived <- struct{}{}
+	if respond != nil {
+		res = respond(n, req)
+	} else {
+		select {
+		case s.arrived <- struct{}{}:
+		default:
+		}
+	}
 	if !ok {
 		s.t.Errorf("agenttest: request %d is beyond the script of %d responses", n+1, len(s.script))
 		http.Error(w, `{"error":{"message":"script exhausted"}}`, http.StatusInternalServerError)
@@ -184,8 +241,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if res.Body != "" || status != http.StatusOK {
-		w.Header().Set("Content-Type", "application/json")
+	switch {
+	case res.StreamBody != "":
+		w.Header().Set("Content-Type", or(res.ContentType, "text/event-stream"))
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(res.StreamBody))
+		return
+	case res.Body != "" || status != http.StatusOK:
+		w.Header().Set("Content-Type", or(res.ContentType, "application/json"))
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(res.Body))
 		return
@@ -200,7 +263,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		finish = ""
 	}
 	if req.Stream {
-		s.stream(w, res, finish)
+		s.stream(w, r, res, finish)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -220,7 +283,14 @@ func completion(res Response, finish string) map[string]any {
 	return map[string]any{"id": "chatcmpl-test", "object": "chat.completion", "created": time.Now().Unix(), "model": "test", "choices": []any{choice}}
 }
 
-func (s *Server) stream(w http.ResponseWriter, res Response, finish string) {
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, res Response, finish string) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	flusher := w.(http.Flusher)
 	send := func(delta map[string]any, finish string) {
@@ -242,13 +312,21 @@ func (s *Server) stream(w http.ResponseWriter, res Response, finish string) {
 		if res.CutAfter > 0 && n == res.CutAfter {
 			panic(http.ErrAbortHandler)
 		}
+		if res.StallAfter > 0 && n == res.StallAfter {
+			<-r.Context().Done()
+			return
+		}
 		if res.ErrorAfter > 0 && n == res.ErrorAfter {
 			fmt.Fprint(w, "data: {\"error\":{\"message\":\"the server is overloaded\",\"type\":\"server_error\"}}\n\n")
 			flusher.Flush()
 			return
 		}
 		if res.ChunkDelay > 0 {
-			time.Sleep(res.ChunkDelay)
+			select {
+			case <-time.After(res.ChunkDelay):
+			case <-r.Context().Done():
+				return
+			}
 		}
 		send(map[string]any{"content": string(runes[i:min(i+size, len(runes))])}, "")
 	}
