@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,16 +21,20 @@ import (
 )
 
 // TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce runs
-// `baton relay` and `baton worker` on a multi-host URL
-// (target_session_attrs=read-write) over a primary and its synchronous
+// `baton relay` and `baton worker` on a multi-host URL (target_session_attrs=read-write) over a primary and its synchronous
 // standby, posts messages steadily, kills the primary (SIGKILL of every
 // server process) and promotes the standby. Every message whose commit was
 // acknowledged is answered exactly once; the relay streams from the
 // promoted standby, where it recreates its slot (a PostgreSQL 15 standby
 // has no copy of the primary's logical slots) and announces the pending
-// rows again; `baton status` shows the new slot on the new primary. The
-// relay's sweep runs once an hour, so only the recreated slot and its
-// announcements can bring the turns about.
+// rows again; `baton status` shows the new slot on the new primary.
+//
+// The relay lags at the moment of the kill, as it may: the WAL sender that
+// serves it on the primary is paused (SIGSTOP) while messages go to
+// conversations of their own, and dies with the primary. Those messages
+// were committed on the old primary and never sent to the relay; its sweep
+// runs once an hour and no later message touches their conversations, so
+// only the announcement of the recreated slot can answer them.
 func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *testing.T) {
 	t.Parallel()
 	ha := testenv.PrimaryWithStandby(t, testenv.HAOptions{Synchronous: true})
@@ -66,6 +72,28 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 		return n
 	}
 	db.eventually(30*time.Second, func() bool { return answered() >= 30 }, "30 messages answered before the failover")
+
+	// The relay lags: messages committed now reach no trigger before the
+	// primary dies.
+	var walSender int
+	require.NoError(t, ha.DB.Pool.QueryRow(ctx, `
+		SELECT r.pid FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+		WHERE s.slot_name = $1`, slot).Scan(&walSender))
+	require.NoError(t, syscall.Kill(walSender, syscall.SIGSTOP))
+	db.eventually(10*time.Second, func() bool { return processStopped(walSender) }, "the relay's WAL sender (pid %d) is stopped", walSender)
+	const orphans = 4
+	var orphaned []string
+	for i := range orphans {
+		id := fmt.Sprint("orphan-m", i)
+		_, _, err := schema.CreateConversation(ctx, ha.DB.Pool, u.ID, fmt.Sprint("orphan-", i), "")
+		require.NoError(t, err)
+		err = pgx.BeginFunc(ctx, ha.DB.Pool, func(tx pgx.Tx) error {
+			_, err := schema.InsertMessageTx(ctx, tx, schema.UserMessage{OwnerID: u.ID, ConversationID: fmt.Sprint("orphan-", i), MessageID: id, Content: "hello"})
+			return err
+		})
+		require.NoError(t, err)
+		orphaned = append(orphaned, id)
+	}
 
 	killed := time.Now()
 	ackedBefore := p.acknowledged()
@@ -122,8 +150,12 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 
 	// Every acknowledged message is there, answered by exactly one
 	// finalized turn with its one reply, and nothing failed.
+	acked = append(acked, orphaned...)
 	require.Equal(t, len(acked), db.count(`SELECT count(*) FROM messages WHERE role = 'user' AND public_id = ANY($1)`, acked),
 		"every message whose commit was acknowledged survived the failover")
+	require.Equal(t, orphans, db.count(`
+		SELECT count(*) FROM agent_outbox o JOIN messages m ON m.id = o.message_id
+		WHERE m.public_id = ANY($1) AND o.status = 'done'`, orphaned), "the messages the relay never published are answered")
 	require.Zero(t, db.count(`
 		SELECT count(*) FROM (
 			SELECT o.id FROM agent_outbox o LEFT JOIN agent_runs r ON r.status = 'finalized' AND o.id = ANY(r.outbox_ids)
@@ -170,9 +202,10 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 	}
 	require.Contains(t, recreated, `"cause":"missing"`, "the relay recreated its slot on the promoted standby:\n%s", logs)
 	require.Contains(t, recreated, `"rows_announced"`)
+	require.NotContains(t, recreated, `"rows_announced":0`)
 
 	t.Logf("%d messages acknowledged (%d before the kill); after the kill: failover done (killed, promoted, reachable) in %s, first turn on the promoted standby in %s, relay streaming from it by %s, first message posted after the failover answered in %s; relay: %s",
-		len(acked), len(ackedBefore), failedOver.Sub(killed).Round(time.Millisecond), firstTurn.Sub(killed).Round(time.Millisecond),
+		len(acked), len(ackedBefore)+orphans, failedOver.Sub(killed).Round(time.Millisecond), firstTurn.Sub(killed).Round(time.Millisecond),
 		relayBack.Round(time.Millisecond), firstNew.Round(time.Millisecond), recreated)
 }
 
@@ -264,4 +297,16 @@ func (p *steadyProducer) acknowledgedSince(t time.Time) func() []string {
 		}
 		return ids
 	}
+}
+
+// processStopped reports whether the process is stopped by a signal, as
+// /proc shows it.
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+	return strings.HasPrefix(strings.TrimSpace(rest), "T")
 }
