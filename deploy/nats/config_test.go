@@ -91,7 +91,7 @@ func onlyInboxes(subjects []string) []string {
 }
 
 // nodeEnv returns a complete environment for a node: the public keys of a
-// fresh set of users, and node n1's certificate.
+// fresh set of users, node n1's certificate and the shipped store folder.
 func nodeEnv(t *testing.T) map[string]string {
 	t.Helper()
 	certs := t.TempDir()
@@ -102,5 +102,6 @@ func nodeEnv(t *testing.T) map[string]string {
 	env["BATON_NATS_SERVER_CERT"] = filepath.Join(certs, "n1.pem")
 	env["BATON_NATS_SERVER_KEY"] = filepath.Join(certs, "n1-key.pem")
 	env["BATON_NATS_SERVER_CA"] = filepath.Join(certs, "ca.pem")
+	env["BATON_NATS_STORE_DIR"] = readEnvFile(t, "nats-server.env")["BATON_NATS_STORE_DIR"]
 	return env
 }

@@ -102,13 +102,15 @@ func (c *Cluster) Options(user string) natsconn.Options {
 var envMu sync.Mutex
 
 // Start starts the cluster of opts.ConfDir's node files in this process.
-// The files are read by nats-server's own parser, unchanged; only what
-// cannot be the same for three nodes on one machine is replaced after
-// parsing: listen ports (the shipped 4222, 6222, 8222), the routes (the
-// shipped n1.internal… names become this machine's route ports) and the
-// store folders. Everything else (TLS on clients and routes, accounts,
-// users, permissions) is as shipped. It returns once JetStream has a meta
-// leader that every node follows, and stops the nodes when t ends.
+// The files are read by nats-server's own parser, unchanged, with their
+// variables (certificates, store folder, public keys) set as
+// nats-server.env and nkeys.env set them on a node; only what cannot be
+// the same for three nodes on one machine is replaced after parsing:
+// listen ports (the shipped 4222, 6222, 8222) and the routes (the shipped
+// n1.internal… names become this machine's route ports). Everything else
+// (TLS on clients and routes, accounts, users, permissions) is as shipped.
+// It returns once JetStream has a meta leader that every node follows, and
+// stops the nodes when t ends.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	confDir := opts.ConfDir
@@ -135,6 +137,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 			"BATON_NATS_SERVER_CERT": filepath.Join(c.Certs, name+".pem"),
 			"BATON_NATS_SERVER_KEY":  filepath.Join(c.Certs, name+"-key.pem"),
 			"BATON_NATS_SERVER_CA":   c.CAFile(),
+			"BATON_NATS_STORE_DIR":   t.TempDir(),
 		}
 		for k, v := range env {
 			nodeEnv[k] = v
@@ -150,7 +153,6 @@ func Start(t testing.TB, opts Options) *Cluster {
 		o.HTTPPort = server.RANDOM_PORT
 		o.Cluster.Host, o.Cluster.Port = "127.0.0.1", routePorts[i]
 		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
-		o.StoreDir = t.TempDir()
 		o.NoLog, o.NoSigs = true, true
 		nodeOpts = append(nodeOpts, o)
 	}
