@@ -53,8 +53,6 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 	t.Cleanup(nc.Close)
 	_, js := ns.Connect(t)
 	stream := batonnats.StreamConfig{Partitions: 4}.WithDefaults()
-	_, _, err = batonnats.ProvisionStream(ctx, js, stream, batonnats.ProvisionOptions{})
-	require.NoError(t, err)
 
 	_, u, err := schema.CreateToken(ctx, ha.DB.Pool, "visibility")
 	require.NoError(t, err)
@@ -69,6 +67,15 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 	}, ha.DB.Pool, nc, zerolog.Nop())
 	require.NoError(t, err)
 	runInBackground(t, "relay", r.Run)
+	// The relay provisions the stream before it streams; the worker joins
+	// it after that.
+	pollUntil(t, 30*time.Second, func() bool {
+		var n int
+		err := ha.DB.Pool.QueryRow(ctx, `
+			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+			WHERE s.slot_name = 'visibility'`).Scan(&n)
+		return err == nil && n == 1
+	}, "the relay streams from its slot")
 
 	var replies testenv.Signal
 	var mu sync.Mutex

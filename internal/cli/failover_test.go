@@ -54,13 +54,13 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 
 	stopRelay := start(t, args("relay", "--slot", slot, "--heartbeat", "200ms", "--status-interval", "200ms",
 		"--sweep-interval", "1h", "--sweep-age", "1h")...)
-	start(t, args("worker", "--debounce", "0", "--lease", "3s")...)
 	db := &outbox{t: t, db: ha.DB}
 	db.eventually(30*time.Second, func() bool {
 		return db.count(`
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.slot_name = $1`, slot) == 1
-	}, "baton relay streams from slot %s on the primary", slot)
+	}, "baton relay streams from slot %s on the primary (it provisioned the stream before)", slot)
+	start(t, args("worker", "--debounce", "0", "--lease", "3s")...)
 
 	p := &steadyProducer{pool: ha.DB, owner: u.ID, conversations: conversations}
 	p.start(t, 20*time.Millisecond)
