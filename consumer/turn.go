@@ -30,19 +30,15 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	w.crash.at(CrashBeforeClaim)
 
 	runID := "run_" + uuid.Must(uuid.NewV7()).String()
-	var claim schema.Claim
-	err := pgx.BeginFunc(w.hardCtx, w.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		claim, err = schema.ClaimTx(w.hardCtx, tx, schema.ClaimParams{
-			ConversationID: mb.conversationID,
-			RunID:          runID,
-			Worker:         w.cfg.Name,
-			Lease:          w.cfg.Lease,
-			MaxAttempts:    w.cfg.MaxAttempts,
-			MaxRows:        w.cfg.MaxTurnMessages,
-		})
-		return err
-	})
+	// One statement claims a free conversation and loads the turn.
+	claim, in, err := schema.ClaimTurn(w.hardCtx, w.cfg.Pool, schema.ClaimParams{
+		ConversationID: mb.conversationID,
+		RunID:          runID,
+		Worker:         w.cfg.Name,
+		Lease:          w.cfg.Lease,
+		MaxAttempts:    w.cfg.MaxAttempts,
+		MaxRows:        w.cfg.MaxTurnMessages,
+	}, w.cfg.HistoryLimit)
 	var busy *schema.BusyError
 	var wait *schema.WaitError
 	switch {
@@ -82,11 +78,10 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		ackAll(batch)
 		return
 	}
-	if claim.More {
-		// The turn is capped: what it left pending is the next turn's, in
-		// order, and the triggers not covered by this claim wait for it.
-		batch = w.keepForNextTurn(mb, batch, claim.OutboxIDs)
-	}
+	// Triggers whose rows this claim did not take wait for the next turn:
+	// rows a capped turn left pending (in order), or a row whose commit
+	// was not visible yet to the claim.
+	batch = w.keepForNextTurn(mb, batch, claim.OutboxIDs, claim.More)
 	log = log.With().Str("run_id", claim.RunID).Str("turn_id", claim.TurnID).Logger()
 	w.metrics.turnsStarted.Inc()
 	w.metrics.attempts.Observe(float64(claim.Attempts))
@@ -97,14 +92,14 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 
 	w.metrics.inFlight.Inc()
 	defer w.metrics.inFlight.Dec()
-	w.runTurn(log, mb, batch, claim)
+	w.runTurn(log, mb, batch, claim, in)
 }
 
 // errShutdown ends turns still running at the shutdown deadline.
 var errShutdown = errors.New("worker is shutting down")
 
 // runTurn runs a claimed turn and ends it in one transaction.
-func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
+func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, in schema.TurnInput) {
 	turnCtx, cancel := context.WithCancelCause(w.hardCtx)
 	defer cancel(nil)
 	// The turn's wall-clock deadline: past it the attempt fails like any
@@ -118,10 +113,6 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 	stopWatch := w.watchArrivals(turnCtx, cancel, mb, claim, j)
 
 	reply, err := func() (Reply, error) {
-		in, err := schema.LoadTurn(turnCtx, w.cfg.Pool, claim.ConversationID, claim.OutboxIDs, w.cfg.HistoryLimit)
-		if err != nil {
-			return Reply{}, err
-		}
 		w.crash.at(CrashDuringModel)
 		return w.cfg.Agent.Run(turnCtx, Turn{
 			ConversationID: claim.ConversationID,
@@ -172,13 +163,7 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 // that the chaos harness can prove it fails a finalize that is not atomic:
 // a build with the chaosbroken tag replaces it, and no other code does.
 var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
-	var out schema.Finalized
-	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = schema.FinalizeTx(ctx, tx, f)
-		return err
-	})
-	return out, err
+	return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
 }
 
 // finalize commits the reply, then acks.
@@ -466,9 +451,9 @@ func userText(cause error) string {
 
 // keepForNextTurn puts back into the mailbox the triggers of batch whose
 // rows the claim did not take, and returns the others, which the turn
-// settles. With none to put back, the mailbox runs once more anyway: the
-// rows left pending need a turn.
-func (w *Worker) keepForNextTurn(mb *mailbox, batch []jetstream.Msg, claimed []int64) []jetstream.Msg {
+// settles. After a capped claim (more) the mailbox runs once more even
+// with none to put back: the rows left pending need a turn.
+func (w *Worker) keepForNextTurn(mb *mailbox, batch []jetstream.Msg, claimed []int64, more bool) []jetstream.Msg {
 	var covered, kept []jetstream.Msg
 	for _, m := range batch {
 		if id, ok := outboxIDOf(m); ok && !slices.Contains(claimed, id) {
@@ -476,6 +461,9 @@ func (w *Worker) keepForNextTurn(mb *mailbox, batch []jetstream.Msg, claimed []i
 		} else {
 			covered = append(covered, m)
 		}
+	}
+	if len(kept) == 0 && !more {
+		return covered
 	}
 	w.mu.Lock()
 	mb.waiting = append(kept, mb.waiting...)

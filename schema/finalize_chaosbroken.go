@@ -8,11 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Beginner starts transactions: *pgxpool.Pool and *pgx.Conn qualify.
-type Beginner interface {
-	Executor
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
 
 // FinalizeSplit is a deliberately broken finalize, built only with the
 // chaosbroken tag for the chaos harness's own test: it marks the claimed
