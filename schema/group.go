@@ -2,8 +2,11 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A consumer group records every event it applies in its inbox
@@ -13,29 +16,90 @@ import (
 // group_dead_letters, never dropped silently.
 
 // RecordGroupEventTx records an event in the group's inbox and reports
-// whether it was new. A second delivery of the same event that runs at the
-// same time waits on the key and finds it taken once the first commits.
+// whether it was new, without naming the event's stream: the row counts
+// as one of the relay's outbox stream when the pruner compares it with a
+// stream (see StreamFloor). RecordInboxTx names the stream.
 func RecordGroupEventTx(ctx context.Context, tx Executor, group, eventID string, streamSeq uint64, outboxID int64) (bool, error) {
+	return RecordInboxTx(ctx, tx, InboxRow{Group: group, EventID: eventID, StreamSeq: streamSeq, OutboxID: outboxID})
+}
+
+// InboxRow is an event a group applied: its id, and where it was in which
+// stream when it was applied.
+type InboxRow struct {
+	Group     string
+	EventID   string
+	Stream    string
+	StreamSeq uint64
+	OutboxID  int64
+}
+
+// RecordInboxTx records an event in the group's inbox and reports whether
+// it was new. A second delivery of the same event that runs at the same
+// time waits on the key and finds it taken once the first commits.
+func RecordInboxTx(ctx context.Context, tx Executor, r InboxRow) (bool, error) {
+	var stream *string
+	if r.Stream != "" {
+		stream = &r.Stream
+	}
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO group_inbox (group_name, event_id, stream_seq, outbox_id)
-		VALUES ($1, $2, $3, $4)
+		INSERT INTO group_inbox (group_name, event_id, stream, stream_seq, outbox_id)
+		VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (group_name, event_id) DO NOTHING`,
-		group, eventID, int64(streamSeq), outboxID)
+		r.Group, r.EventID, stream, int64(r.StreamSeq), r.OutboxID)
 	if err != nil {
 		return false, fmt.Errorf("record event in inbox: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// ResolveDeadLetterTx marks a parked event resolved, in the transaction
-// that applied it (a replay after a fix).
+// ResolveDeadLetterTx marks a parked event resolved as applied, in the
+// transaction that applied it (a replay or a retry after a fix).
 func ResolveDeadLetterTx(ctx context.Context, tx Executor, group, eventID string) error {
 	if _, err := tx.Exec(ctx, `
-		UPDATE group_dead_letters SET resolved_at = now()
+		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'applied'
 		WHERE group_name = $1 AND event_id = $2 AND resolved_at IS NULL`, group, eventID); err != nil {
 		return fmt.Errorf("resolve dead letter: %w", err)
 	}
 	return nil
+}
+
+// Resolutions of a dead letter.
+const (
+	// ResolutionApplied: a replay or a retry applied the event.
+	ResolutionApplied = "applied"
+	// ResolutionDiscarded: an operator gave the event up.
+	ResolutionDiscarded = "discarded"
+)
+
+// ErrResolved: the dead letter was resolved already.
+var ErrResolved = errors.New("dead letter already resolved")
+
+// DiscardDeadLetterTx gives a parked event up at an operator's request: the
+// dead letter stays, resolved as discarded, and the event is recorded in
+// the group's inbox, so that no redelivery or replay applies it later. A
+// dead letter that is not the group's is ErrNotFound; one resolved already
+// is ErrResolved.
+func DiscardDeadLetterTx(ctx context.Context, tx Executor, group string, id int64) (DeadLetter, error) {
+	d, err := DeadLetterByID(ctx, tx, group, id, true)
+	if err != nil {
+		return d, err
+	}
+	if d.ResolvedAt != nil {
+		return d, fmt.Errorf("%w: dead letter %d of group %s was %s at %s", ErrResolved, id, group, d.Resolution, d.ResolvedAt.Format(time.RFC3339))
+	}
+	var outboxID int64
+	if d.OutboxID != nil {
+		outboxID = *d.OutboxID
+	}
+	if _, err := RecordInboxTx(ctx, tx, InboxRow{Group: group, EventID: d.EventID, Stream: d.Stream, StreamSeq: d.StreamSeq, OutboxID: outboxID}); err != nil {
+		return d, err
+	}
+	if err := tx.QueryRow(ctx, `
+		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'discarded'
+		WHERE id = $1 RETURNING resolved_at, resolution`, id).Scan(&d.ResolvedAt, &d.Resolution); err != nil {
+		return d, fmt.Errorf("discard dead letter %d: %w", id, err)
+	}
+	return d, nil
 }
 
 // GroupApplied reports whether group has applied the event with the given
@@ -83,6 +147,13 @@ type DeadLetter struct {
 	Parked     int
 	ParkedAt   time.Time
 	ResolvedAt *time.Time
+	// Resolution is how it was resolved: ResolutionApplied or
+	// ResolutionDiscarded; empty while it is not, and for events resolved
+	// before resolutions were recorded.
+	Resolution string
+	// PublishedAt is when the stream stored the event; nil for events
+	// parked before it was recorded.
+	PublishedAt *time.Time
 }
 
 // Park records d in group_dead_letters with the error that ended it,
@@ -94,14 +165,15 @@ func Park(ctx context.Context, db Executor, d DeadLetter) error {
 		headers = []byte("{}")
 	}
 	_, err := db.Exec(ctx, `
-		INSERT INTO group_dead_letters (group_name, event_id, stream, stream_seq, subject, outbox_id, headers, payload, attempts, error)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
+		INSERT INTO group_dead_letters (group_name, event_id, stream, stream_seq, subject, outbox_id, headers, payload, attempts, error, published_at)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
 		WHERE NOT EXISTS (SELECT 1 FROM group_inbox WHERE group_name = $1 AND event_id = $2)
 		ON CONFLICT (group_name, event_id) DO UPDATE
 		SET stream = excluded.stream, stream_seq = excluded.stream_seq, attempts = excluded.attempts,
 		    error = excluded.error, parked = group_dead_letters.parked + 1,
-		    parked_at = now(), resolved_at = NULL`,
-		d.Group, d.EventID, d.Stream, int64(d.StreamSeq), d.Subject, d.OutboxID, headers, d.Payload, d.Attempts, d.Error)
+		    parked_at = now(), resolved_at = NULL, resolution = NULL,
+		    published_at = coalesce(excluded.published_at, group_dead_letters.published_at)`,
+		d.Group, d.EventID, d.Stream, int64(d.StreamSeq), d.Subject, d.OutboxID, headers, d.Payload, d.Attempts, d.Error, d.PublishedAt)
 	if err != nil {
 		return fmt.Errorf("park event %s of group %s: %w", d.EventID, d.Group, err)
 	}
@@ -112,7 +184,7 @@ func Park(ctx context.Context, db Executor, d DeadLetter) error {
 // unless all is set.
 func DeadLetters(ctx context.Context, db Executor, group string, all bool) ([]DeadLetter, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, group_name, event_id, stream, stream_seq, subject, outbox_id, payload, attempts, error, parked, parked_at, resolved_at
+		SELECT `+deadLetterColumns+`
 		FROM group_dead_letters
 		WHERE group_name = $1 AND ($2 OR resolved_at IS NULL)
 		ORDER BY parked_at, id`, group, all)
@@ -122,16 +194,53 @@ func DeadLetters(ctx context.Context, db Executor, group string, all bool) ([]De
 	defer rows.Close()
 	var out []DeadLetter
 	for rows.Next() {
-		var d DeadLetter
-		var seq int64
-		if err := rows.Scan(&d.ID, &d.Group, &d.EventID, &d.Stream, &seq, &d.Subject, &d.OutboxID, &d.Payload,
-			&d.Attempts, &d.Error, &d.Parked, &d.ParkedAt, &d.ResolvedAt); err != nil {
+		d, err := scanDeadLetter(rows)
+		if err != nil {
 			return nil, err
 		}
-		d.StreamSeq = uint64(seq)
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// CountDeadLetters counts a group's unresolved dead letters.
+func CountDeadLetters(ctx context.Context, db Executor, group string) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT count(*) FROM group_dead_letters WHERE group_name = $1 AND resolved_at IS NULL`, group).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters of group %s: %w", group, err)
+	}
+	return n, nil
+}
+
+// DeadLetterByID returns one of a group's dead letters; forUpdate locks it
+// for the caller's transaction. One that is not the group's is
+// ErrNotFound.
+func DeadLetterByID(ctx context.Context, db Executor, group string, id int64, forUpdate bool) (DeadLetter, error) {
+	q := `SELECT ` + deadLetterColumns + ` FROM group_dead_letters WHERE group_name = $1 AND id = $2`
+	if forUpdate {
+		q += ` FOR UPDATE`
+	}
+	d, err := scanDeadLetter(db.QueryRow(ctx, q, group, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("%w: group %s has no dead letter %d (`baton group dead-letters list %s --all` lists them)", ErrNotFound, group, id, group)
+	}
+	if err != nil {
+		return d, fmt.Errorf("read dead letter %d of group %s: %w", id, group, err)
+	}
+	return d, nil
+}
+
+const deadLetterColumns = `id, group_name, event_id, stream, stream_seq, subject, outbox_id, headers, payload, attempts, error,
+	parked, parked_at, resolved_at, coalesce(resolution, CASE WHEN resolved_at IS NOT NULL THEN 'applied' ELSE '' END), published_at`
+
+func scanDeadLetter(row pgx.Row) (DeadLetter, error) {
+	var d DeadLetter
+	var seq int64
+	err := row.Scan(&d.ID, &d.Group, &d.EventID, &d.Stream, &seq, &d.Subject, &d.OutboxID, &d.Headers, &d.Payload,
+		&d.Attempts, &d.Error, &d.Parked, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.PublishedAt)
+	d.StreamSeq = uint64(seq)
+	return d, err
 }
 
 // AuditEvent is one row of audit_events, the append-only log that the
