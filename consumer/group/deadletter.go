@@ -3,6 +3,11 @@ package group
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	natsclient "github.com/nats-io/nats.go"
 
 	"github.com/batonhq/baton/schema"
 )
@@ -24,10 +29,72 @@ func (g *Group) park(ctx context.Context, ev Event, cause error) error {
 	if ev.OutboxID > 0 {
 		outboxID = &ev.OutboxID
 	}
-	return schema.Park(ctx, g.cfg.Pool, schema.DeadLetter{
+	var published *time.Time
+	if !ev.PublishedAt.IsZero() {
+		published = &ev.PublishedAt
+	}
+	err = schema.Park(ctx, g.cfg.Pool, schema.DeadLetter{
 		Group: ev.Group, EventID: ev.ID, Stream: ev.Stream, StreamSeq: ev.StreamSeq, Subject: ev.Subject,
 		OutboxID: outboxID, Headers: headers, Payload: ev.Data, Attempts: ev.Attempt, Error: cause.Error(),
+		PublishedAt: published,
 	})
+	if err == nil {
+		g.refreshDeadLetters(ctx)
+	}
+	return err
+}
+
+// RetryDeadLetter applies a parked event again with the group's handler,
+// in this process, from what the dead letter kept (the event's headers and
+// body), the way a delivery does: with its inbox row and the dead letter's
+// resolution in one transaction. An event already applied meanwhile is
+// OutcomeDuplicate; a failure parks it again with the new error (counted in
+// DeadLetter.Parked) and is returned. A resolved dead letter is
+// schema.ErrResolved. Nothing is published: the stream is the relay's, and
+// other groups have their own copy of the event.
+func (g *Group) RetryDeadLetter(ctx context.Context, id int64) (Outcome, error) {
+	d, err := schema.DeadLetterByID(ctx, g.cfg.Pool, g.cfg.Name, id, false)
+	if err != nil {
+		return "", err
+	}
+	if d.ResolvedAt != nil {
+		return "", fmt.Errorf("%w: dead letter %d of group %s was %s at %s", schema.ErrResolved, id, d.Group, d.Resolution, d.ResolvedAt.Format(time.RFC3339))
+	}
+	ev := Event{
+		ID: d.EventID, Group: d.Group, Stream: d.Stream, StreamSeq: d.StreamSeq, Subject: d.Subject,
+		Header: natsclient.Header{}, Data: d.Payload, Attempt: d.Attempts + 1,
+		// Events parked before their publication time was kept get the
+		// time they were parked, the nearest known.
+		PublishedAt: d.ParkedAt,
+	}
+	if d.PublishedAt != nil {
+		ev.PublishedAt = *d.PublishedAt
+	}
+	if len(d.Headers) > 0 {
+		if err := json.Unmarshal(d.Headers, &ev.Header); err != nil {
+			return "", fmt.Errorf("dead letter %d of group %s: its headers do not decode: %w", id, d.Group, err)
+		}
+	}
+	var outcome Outcome
+	if terr := ev.readTrigger(); terr != nil {
+		err = &handlerError{err: Permanent(fmt.Errorf("malformed event: %w", terr))}
+	} else {
+		outcome, err = g.apply(ctx, ev)
+	}
+	var he *handlerError
+	if errors.As(err, &he) {
+		if perr := g.park(ctx, ev, he.err); perr != nil {
+			return "", fmt.Errorf("retry of dead letter %d failed (%v), and parking it again failed: %w", id, he.err, perr)
+		}
+		g.settled(ev, OutcomeParked)
+		return OutcomeParked, fmt.Errorf("dead letter %d of group %s failed again and stays parked: %w", id, d.Group, he.err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("retry dead letter %d of group %s: %w", id, d.Group, err)
+	}
+	g.settled(ev, outcome)
+	g.refreshDeadLetters(ctx)
+	return outcome, nil
 }
 
 // DeadLetters lists a group's parked events, oldest first; unresolved only

@@ -77,13 +77,20 @@ func eventOf(group string, msg jetstream.Msg) (Event, error) {
 	if ev.ID == "" {
 		ev.ID = md.Stream + "-seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
 	}
-	t, err := batonnats.ParseTrigger(msg.Data())
+	return ev, ev.readTrigger()
+}
+
+// readTrigger fills the trigger from the body, or when the body is not one
+// from the headers (and returns the body's error), so that a dead letter
+// names its outbox row.
+func (ev *Event) readTrigger() error {
+	t, err := batonnats.ParseTrigger(ev.Data)
 	if err != nil {
-		if ht, herr := batonnats.TriggerOfHeader(msg.Headers()); herr == nil {
+		if ht, herr := batonnats.TriggerOfHeader(ev.Header); herr == nil {
 			ev.Trigger = ht
 		}
-		return ev, err
+		return err
 	}
 	ev.Trigger = t
-	return ev, nil
+	return nil
 }

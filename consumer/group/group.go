@@ -22,6 +22,7 @@ import (
 	"github.com/batonhq/baton/consumer/pull"
 	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // Handler applies one event for a consumer group. Its effects in Postgres
@@ -303,6 +304,9 @@ func (g *Group) Run(ctx context.Context) error {
 			}
 		})
 	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	wg.Go(func() { g.watchDeadLetters(watchCtx) })
+	defer stopWatch()
 	g.log.Info().Str("stream", stream.Name).Int("lanes", g.cfg.Lanes).Msg("group started")
 	runErr := loop.Run(ctx, func(msg jetstream.Msg) {
 		lanes[laneOf(msg.Subject(), len(lanes))] <- msg
@@ -310,6 +314,7 @@ func (g *Group) Run(ctx context.Context) error {
 	for _, l := range lanes {
 		close(l)
 	}
+	stopWatch()
 	done := make(chan struct{})
 	go func() {
 		wg.Wait()
@@ -436,7 +441,8 @@ func keepAlive(msg jetstream.Msg, every time.Duration) (stop func()) {
 
 // metrics of a group, labelled with its name.
 type metrics struct {
-	events *prometheus.CounterVec
+	events      *prometheus.CounterVec
+	deadLetters prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, group string) (*metrics, error) {
@@ -446,12 +452,48 @@ func newMetrics(reg prometheus.Registerer, group string) (*metrics, error) {
 			Help:        "Event deliveries settled by a consumer group, by outcome (applied, duplicate, retry, parked).",
 			ConstLabels: prometheus.Labels{"group": group},
 		}, []string{"outcome"}),
+		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "baton_group_dead_letters",
+			Help:        "Events the group parked in group_dead_letters and nobody resolved yet (applied by a replay or a retry, or discarded); read at each check interval.",
+			ConstLabels: prometheus.Labels{"group": group},
+		}),
+	}
+	// Every outcome is a series from the start, so that a rate over it
+	// exists before the first event of that outcome.
+	for _, o := range []Outcome{OutcomeApplied, OutcomeDuplicate, OutcomeRetry, OutcomeParked} {
+		m.events.WithLabelValues(string(o))
 	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	if err := reg.Register(m.events); err != nil {
-		return nil, err
+	for _, c := range []prometheus.Collector{m.events, m.deadLetters} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
+}
+
+// watchDeadLetters refreshes the dead letters gauge every interval until
+// ctx ends.
+func (g *Group) watchDeadLetters(ctx context.Context) {
+	t := time.NewTicker(g.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		g.refreshDeadLetters(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refreshDeadLetters reads the group's unresolved dead letters into its
+// gauge; a failure leaves the last value (the database may be away).
+func (g *Group) refreshDeadLetters(ctx context.Context) {
+	n, err := schema.CountDeadLetters(ctx, g.cfg.Pool, g.cfg.Name)
+	if err == nil {
+		g.metrics.deadLetters.Set(float64(n))
+	}
 }

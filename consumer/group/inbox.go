@@ -24,7 +24,9 @@ func (e *handlerError) Unwrap() error { return e.err }
 func (g *Group) apply(ctx context.Context, ev Event) (Outcome, error) {
 	outcome := OutcomeApplied
 	err := pgx.BeginFunc(ctx, g.cfg.Pool, func(tx pgx.Tx) error {
-		fresh, err := schema.RecordGroupEventTx(ctx, tx, ev.Group, ev.ID, ev.StreamSeq, ev.OutboxID)
+		fresh, err := schema.RecordInboxTx(ctx, tx, schema.InboxRow{
+			Group: ev.Group, EventID: ev.ID, Stream: ev.Stream, StreamSeq: ev.StreamSeq, OutboxID: ev.OutboxID,
+		})
 		if err != nil {
 			return err
 		}
