@@ -19,6 +19,14 @@ type metrics struct {
 	sweeps        prometheus.Counter
 	rowsSwept     prometheus.Counter
 	active        prometheus.Gauge
+
+	// The outbox stream and the durable consumers on it (observeStream).
+	streamMessages     prometheus.Gauge
+	streamFirstSeq     prometheus.Gauge
+	streamLastSeq      prometheus.Gauge
+	consumerPending    *prometheus.GaugeVec
+	consumerAckPending *prometheus.GaugeVec
+	consumerAckFloor   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -71,10 +79,35 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_relay_active",
 			Help: "1 while this relay streams from the slot, 0 while it stands by or retries.",
 		}),
+		streamMessages: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_stream_messages",
+			Help: "Events the outbox stream holds, read by the relay at each heartbeat.",
+		}),
+		streamFirstSeq: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_stream_first_seq",
+			Help: "First sequence the outbox stream holds: a replay reaches back to it, and the pruner keeps the inbox rows of events from it on.",
+		}),
+		streamLastSeq: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_stream_last_seq",
+			Help: "Last sequence of the outbox stream.",
+		}),
+		consumerPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "baton_stream_consumer_pending_events",
+			Help: "Events of the outbox stream not yet delivered to a durable consumer (a consumer group, turns for the workers), read by the relay at each heartbeat, so it shows while the group's processes are down.",
+		}, []string{"consumer"}),
+		consumerAckPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "baton_stream_consumer_ack_pending_events",
+			Help: "Events delivered to a durable consumer and not yet acknowledged.",
+		}, []string{"consumer"}),
+		consumerAckFloor: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "baton_stream_consumer_ack_floor_seq",
+			Help: "Stream sequence up to which a durable consumer acknowledged every event: it moves while the group makes progress.",
+		}, []string{"consumer"}),
 	}
 	for _, c := range []prometheus.Collector{
 		m.published, m.publishErrors, m.inFlight, m.confirmedLSN, m.slotLag,
 		m.retainedWAL, m.slotStalled, m.ackLatency, m.sweeps, m.rowsSwept, m.active,
+		m.streamMessages, m.streamFirstSeq, m.streamLastSeq, m.consumerPending, m.consumerAckPending, m.consumerAckFloor,
 	} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError

@@ -142,9 +142,27 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("slot %s created, announcing pending rows: %w", r.cfg.Slot, err)
 	}
+	// A first start creates the slot: nothing was lost. A lost slot, or
+	// one missing though relays recorded it before (dropped, or a
+	// promoted standby, which has no logical slots), means events may
+	// have been missed: the announcement covers them, and it is worth a
+	// warning.
+	if reason == "missing" && !r.slotRecorded(ctx) {
+		r.log.Info().Str("slot", r.cfg.Slot).Int("rows_announced", n).Msg("slot created")
+		return nil
+	}
 	r.log.Warn().Str("slot", r.cfg.Slot).Str("cause", reason).Int("rows_announced", n).
 		Msg("slot (re)created; pending rows announced again")
 	return nil
+}
+
+// slotRecorded reports whether a relay recorded the slot's progress
+// before (relay_slot_progress, migration 00006); false when that cannot be
+// read.
+func (r *Relay) slotRecorded(ctx context.Context) bool {
+	var recorded bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM relay_slot_progress WHERE slot_name = $1)`, r.cfg.Slot).Scan(&recorded)
+	return err == nil && recorded
 }
 
 // announcePending announces every pending outbox row again, in batches of

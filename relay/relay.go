@@ -44,6 +44,10 @@ type Relay struct {
 	// active is true while this relay holds the slot and streams.
 	active atomic.Bool
 
+	// What observeStream last saw (heartbeat loop only).
+	consumersSeen       map[string]bool
+	consumerListRefused bool
+
 	// onAck, when set, sees every acknowledged event: the benchmark
 	// measures commit-to-ack latency with it.
 	onAck func(t batonnats.Trigger, commitTime, ackTime time.Time)
@@ -83,6 +87,10 @@ func New(cfg Config, pool *pgxpool.Pool, nc *natsclient.Conn, log zerolog.Logger
 	}, nil
 }
 
+// Active reports whether this relay holds the slot and streams from it;
+// a relay standing by, or retrying after a failure, is not active.
+func (r *Relay) Active() bool { return r.active.Load() }
+
 // Errors that steer the retry loop.
 var (
 	errSlotActive = errors.New("slot is active in another relay")
@@ -115,6 +123,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { r.heartbeatLoop(ctx) })
 	wg.Go(func() { r.sweepLoop(ctx) })
+	wg.Go(func() { r.streamLoop(ctx) })
 
 	err := r.stream(ctx)
 	if ctx.Err() != nil {
