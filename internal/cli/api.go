@@ -95,6 +95,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer closeNATS()
+	registerNATSConnected(prometheus.DefaultRegisterer, nc)
 	srv, err := api.New(c.withLimits(api.Config{
 		JetStream:       js,
 		NATS:            nc,

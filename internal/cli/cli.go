@@ -62,6 +62,7 @@ type root struct {
 	Status     statusCmd     `cmd:"" help:"Show the slot, the stream, consumer groups, outbox rows and leases; exit 3 when something needs attention."`
 	Group      groupCmd      `cmd:"" help:"Run a built-in consumer group (audit, webhook) on the outbox stream."`
 	Replay     replayCmd     `cmd:"" help:"Replay a consumer group from the stream's retention: --all, --from-seq, --since or --at; --dry-run counts."`
+	Prune      pruneCmd      `cmd:"" help:"Delete what retention allows, one pass (the relay that holds the slot does it every --prune-every); --dry-run prints what it would delete."`
 	Dev        devCmd        `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
 	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
 	Version    versionCmd    `cmd:"" help:"Print the version."`

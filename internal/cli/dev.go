@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -85,6 +86,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 		dbURL = cl.URL("baton")
 	}
 	natsOpts := c.NATSAuth.Options(c.NATSURL, "dev")
+	natsURL := c.NATSURL
 	if c.NATSURL == "" {
 		ns, err := batonnats.StartEmbedded(batonnats.EmbeddedOptions{
 			StoreDir: filepath.Join(c.Dir, "nats"), Port: c.NATSPort,
@@ -94,6 +96,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 		}
 		defer ns.Stop()
 		natsOpts = natsconn.Options{URL: ns.ClientURL(), Name: "baton dev"}
+		natsURL = ns.ClientURL()
 		log.Info().Str("url", ns.ClientURL()).Str("store", filepath.Join(c.Dir, "nats")).Msg("embedded NATS with JetStream started")
 	}
 
@@ -132,6 +135,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	// metrics in one place.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerNATSConnected(reg, nc)
 	srv, err := api.New(c.withLimits(api.Config{
 		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
 		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck,
@@ -160,13 +164,18 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 			},
 			// A development tool: the echo agent obeys /sleep, /fail and
 			// /tool.
-			Worker: consumer.Config{Registerer: reg, Agent: consumer.Echo{Directives: true}},
+			Worker:     consumer.Config{Registerer: reg, Agent: consumer.Echo{Directives: true}},
+			PruneEvery: DefaultPruneEvery,
 		})
 	})
 
+	envFile, dbShown, natsShown, err := c.writeDevEnv(dbURL, natsURL)
+	if err != nil {
+		return err
+	}
 	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(env.Stdout, "\nBaton is running (echo agent).\n  open:   %s/#token=%s\n  API:    %s\n  token:  %s   (also in %s)\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
-		base, token, base, token, filepath.Join(c.Dir, "dev-token"))
+	fmt.Fprintf(env.Stdout, "\nBaton is running (echo agent).\n  open:     %s/#token=%s\n  API:      %s\n  token:    %s   (also in %s)\n  database: %s\n  NATS:     %s\n  In another terminal, `source %s` and baton status, baton token create and the rest use them.\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
+		base, token, base, token, filepath.Join(c.Dir, "dev-token"), dbShown, natsShown, envFile)
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		log.Info().Msg("shutting down")
@@ -255,4 +264,61 @@ func (c *devCmd) devToken(ctx context.Context, pool *pgxpool.Pool) (string, erro
 		return "", err
 	}
 	return tok, nil
+}
+
+// writeDevEnv writes --dir/dev.env, which exports the database and NATS
+// URLs, the slot and the stream that this run uses, so that `source`-ing
+// it lets every other command (status, token create, replay) reach them.
+// The local cluster trusts connections from 127.0.0.1 and the embedded
+// NATS needs no login, so their URLs hold no secret. A URL given with a
+// password or a token is not written (the variable that gave it is still
+// set where it came from) and is shown redacted. It returns the file and
+// the URLs as shown.
+func (c *devCmd) writeDevEnv(dbURL, natsURL string) (path, dbShown, natsShown string, err error) {
+	path = filepath.Join(c.Dir, "dev.env")
+	var b strings.Builder
+	b.WriteString("# Written by baton dev: `source` this file to reach its database and NATS from another terminal.\n")
+	exports := []string{}
+	dbShown, natsShown = dbURL, natsURL
+	if secret, shown := dbPassword(dbURL); secret {
+		dbShown = shown
+		b.WriteString("# BATON_DATABASE_URL is yours (it holds a password, so it is not written here).\n")
+	} else {
+		exports = append(exports, "BATON_DATABASE_URL="+shellQuote(dbURL))
+	}
+	if redacted := natsconn.Redact(natsURL); redacted != natsURL {
+		natsShown = redacted
+		b.WriteString("# BATON_NATS_URL is yours (it holds a password or a token, so it is not written here).\n")
+	} else {
+		exports = append(exports, "BATON_NATS_URL="+shellQuote(natsURL))
+	}
+	exports = append(exports, "BATON_SLOT="+shellQuote(c.Slot), "BATON_STREAM="+shellQuote(c.StreamConfig().WithDefaults().Name))
+	b.WriteString("export " + strings.Join(exports, " ") + "\n")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return "", "", "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return path, dbShown, natsShown, nil
+}
+
+// dbPassword reports whether a PostgreSQL URL holds a password, and
+// returns it with the password hidden.
+func dbPassword(u string) (bool, string) {
+	p, err := url.Parse(u)
+	if err != nil {
+		// A key=value connection string.
+		if strings.Contains(u, "password") {
+			return true, "(a connection string with a password)"
+		}
+		return false, u
+	}
+	if _, ok := p.User.Password(); ok {
+		p.User = url.UserPassword(p.User.Username(), "redacted")
+		return true, p.String()
+	}
+	return false, u
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

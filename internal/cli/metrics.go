@@ -8,10 +8,34 @@ import (
 	"net/http"
 	"time"
 
+	natsclient "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 )
+
+// registerNATSConnected exports whether nc is connected to NATS, the
+// series the alert on NATS being unreachable watches. Registered again
+// (the API's default registry, in a process that runs it twice), it
+// replaces the earlier connection's.
+func registerNATSConnected(reg prometheus.Registerer, nc *natsclient.Conn) {
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "baton_nats_connected",
+		Help: "1 while this process is connected to NATS, 0 while it is not (it reconnects in the background).",
+	}, func() float64 {
+		if nc.IsConnected() {
+			return 1
+		}
+		return 0
+	})
+	if err := reg.Register(g); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			reg.Unregister(already.ExistingCollector)
+			_ = reg.Register(g)
+		}
+	}
+}
 
 // serveMetrics serves g on http://addr/metrics for a service without an
 // HTTP API of its own (relay, worker). The returned stop shuts the server

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	natsclient "github.com/nats-io/nats.go"
@@ -26,6 +27,8 @@ type relayCmd struct {
 	AckTimeout           time.Duration `name:"ack-timeout" env:"BATON_RELAY_ACK_TIMEOUT" setting:"AckTimeout" help:"How long to wait for JetStream to acknowledge an event before restarting from the slot. Defaults to ${ack_timeout}."`
 	AllowRetentionShrink bool          `name:"allow-retention-shrink" env:"BATON_ALLOW_RETENTION_SHRINK" help:"Let the relay reduce the outbox stream's max age or replicas; without it, a reduction is refused at start (a shorter max age deletes older events at once)."`
 	MetricsAddr          string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
+	PruneEvery           time.Duration `name:"prune-every" env:"BATON_PRUNE_EVERY" default:"${prune_every}" help:"How often the relay that holds the slot deletes what retention allows (--outbox-retention and the rest); standby relays prune nothing. 0 turns pruning off."`
+	retentionFlags       `embed:""`
 }
 
 func (c *relayCmd) Run(ctx context.Context, env *Env) error {
@@ -51,6 +54,13 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	if err := cfg.Validate(); err != nil {
 		return settingError(c, err)
 	}
+	retention, err := c.retention()
+	if err != nil {
+		return err
+	}
+	if c.PruneEvery < 0 {
+		return &UsageError{Err: fmt.Errorf("--prune-every / BATON_PRUNE_EVERY %s: give a positive interval, such as %s, or 0 to turn pruning off", c.PruneEvery, DefaultPruneEvery)}
+	}
 
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
@@ -74,6 +84,13 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	registerNATSConnected(reg, nc)
+	var p *pruner
+	if c.PruneEvery > 0 {
+		if p, err = newPruner(pool, nc, cfg.Stream.Name, retention, c.PruneEvery, reg, env.Log); err != nil {
+			return err
+		}
+	}
 
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, reg, log)
@@ -84,5 +101,5 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	}
 
 	log.Info().Str("slot", cfg.Slot).Str("publication", cfg.Publication).Str("stream", cfg.Stream.Name).Msg("relay starting")
-	return r.Run(ctx)
+	return runWithPruner(ctx, r.Run, r.Active, p)
 }

@@ -8,12 +8,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/batonhq/baton/consumer"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
+	"github.com/batonhq/baton/schema"
 )
 
 // StackConfig is the relay's and the worker's configuration for RunStack.
@@ -25,6 +27,11 @@ type StackConfig struct {
 	Relay  relay.Config
 	Worker consumer.Config
 	Log    zerolog.Logger
+	// PruneEvery, when positive, prunes by Retention that often while the
+	// relay holds its slot, as `baton relay` does; its metrics go to the
+	// relay's registerer.
+	PruneEvery time.Duration
+	Retention  schema.Retention
 }
 
 // RunStack runs the relay and a worker in one process over one PostgreSQL
@@ -51,6 +58,20 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return rl.Run(gctx) })
+	if cfg.PruneEvery > 0 {
+		reg := cfg.Relay.Registerer
+		if reg == nil {
+			reg = prometheus.NewRegistry()
+		}
+		p, err := newPruner(cfg.Pool, cfg.NATS, cfg.Relay.Stream.WithDefaults().Name, cfg.Retention, cfg.PruneEvery, reg, cfg.Log)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error {
+			p.run(gctx, rl.Active)
+			return nil
+		})
+	}
 	g.Go(func() error {
 		// The relay provisions the outbox stream; the worker needs it
 		// before it can create its consumer.

@@ -11,6 +11,7 @@ import (
 	"github.com/batonhq/baton/internal/status"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
+	"github.com/batonhq/baton/schema"
 )
 
 // vars are the kong variables behind ${...} in flag tags: the libraries'
@@ -67,5 +68,12 @@ func vars() map[string]string {
 		"turn_timeout":         consumer.DefaultTurnTimeout.String(),
 		"stall_after":          status.DefaultStallAfter.String(),
 		"lease_grace":          status.DefaultLeaseGrace.String(),
+		"outbox_retention":     schema.DefaultOutboxRetention.String(),
+		"run_retention":        schema.DefaultRunRetention.String(),
+		"operation_retention":  schema.DefaultOperationRetention.String(),
+		"inbox_margin":         schema.DefaultInboxMargin.String(),
+		"prune_batch":          fmt.Sprint(schema.DefaultPruneBatch),
+		"prune_pass_time":      schema.DefaultPrunePassTime.String(),
+		"prune_every":          DefaultPruneEvery.String(),
 	}
 }

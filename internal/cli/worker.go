@@ -122,6 +122,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer nc.Close()
+	registerNATSConnected(reg, nc)
 	// The relay owns the outbox stream and the API the events stream: a
 	// worker reads the one as it is and only publishes to the other.
 	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {

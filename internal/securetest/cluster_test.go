@@ -31,9 +31,12 @@ import (
 // seed or the API token.
 func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	t.Parallel()
+	step := timeline(t)
 	c := clustertest.Start(t, clustertest.Options{})
+	step("the cluster runs")
 	db := testenv.Database(t)
 	ps := newProcesses(t)
+	step("the database and the binary are ready")
 	ctx, cancel := context.WithTimeout(context.Background(), 75*time.Second)
 	defer cancel()
 
@@ -64,6 +67,7 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	waitForStream(ctx, t, js, batonnats.DefaultEventsStream, 3)
 	waitForConsumer(ctx, t, js, batonnats.DefaultStream, batonnats.DefaultConsumer)
 	waitForConsumer(ctx, t, js, batonnats.DefaultStream, "audit")
+	step("the streams and durables exist")
 
 	var served struct{ Addr string }
 	require.NoError(t, json.Unmarshal([]byte(api.waitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
@@ -73,6 +77,7 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	token := lines[len(lines)-1]
 
 	newAPIClient(served.Addr, token).converse(t, "secured", "hello over TLS", 30*time.Second)
+	step("the reply came")
 
 	// The audit group records every event of the stream, once: the
 	// message's insert, and an announcement of it when the relay's slot
@@ -94,6 +99,8 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 		return events > 0 && rows == events, fmt.Sprintf("an audit row for each of the %d events of the stream (%d rows)", events, rows)
 	})
 
+	step("the audit group recorded every event")
+
 	// The replay user replays the audit group from the stream's start:
 	// the events come again and the group's inbox skips them.
 	replay, code := ps.run(t, "replay", 45*time.Second, env("replay", "BATON_NATS_INBOX_PREFIX=_INBOX_replay"), "replay", "--group", "audit", "--all")
@@ -101,6 +108,8 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	require.Contains(t, replay.text("stdout"), fmt.Sprintf("replayed group audit: %d events", events))
 	rows, distinct, inbox := counts()
 	require.Equal(t, [3]int{events, events, events}, [3]int{rows, distinct, inbox}, "the replay must apply nothing twice: audit rows, their distinct events and the group's inbox, one per event")
+
+	step("the replay applied nothing twice")
 
 	// Refusals on the same cluster: the cluster is up and the other
 	// components work, so only the missing setting is to blame.
@@ -123,7 +132,9 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	msg = noCA.waitLine(t, time.Second, "baton:", "certificate")
 	require.Contains(t, msg, "BATON_NATS_TLS_CA", "the error should name the setting of the CA")
 
+	step("the refusals were explained")
 	ps.stopAll()
+	step("every process stopped")
 	ps.requireNoLine(t, "no component may be refused what its code uses (deploy/nats/accounts.conf)", "permissions violation")
 	ps.requireNoLine(t, "no component may be refused what its code uses (deploy/nats/accounts.conf)", "refused an operation")
 

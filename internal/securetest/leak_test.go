@@ -37,7 +37,9 @@ import (
 // that is not there.
 func TestNoSecretReachesAnyOutput(t *testing.T) {
 	t.Parallel()
+	step := timeline(t)
 	ps := newProcesses(t)
+	step("the binary is ready")
 
 	dbPassword := "pg:" + randomText(t) + "@/#?&%"
 	pg := startPostgres(t, "baton", dbPassword, "baton_password", "baton_creds", "baton_nkey", "baton_failing")
@@ -50,6 +52,7 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	}
 	creds := startOperatorNATS(t)
 	nkeySeedFile, nkeyAddr := startNKeyNATS(t)
+	step("PostgreSQL and the NATS servers run")
 
 	secrets := []secret{
 		{name: "NATS password", value: natsPassword},
@@ -110,6 +113,8 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		}
 	})
 
+	step("every kind of login worked")
+
 	wrongNATSPassword := "nats:" + randomText(t) + "@/%"
 	wrongDBPassword := "pg:" + randomText(t) + "@/#?&%"
 	secrets = append(secrets,
@@ -162,7 +167,9 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		}
 	})
 
+	step("every failing run ended or said why")
 	ps.stopAll()
+	step("every process stopped")
 	for _, tok := range tokens {
 		lines := strings.Split(strings.TrimSpace(tok.text("stdout")), "\n")
 		secrets = append(secrets, secret{name: "API token", value: lines[len(lines)-1]})

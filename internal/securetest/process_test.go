@@ -52,6 +52,16 @@ func batonBinary(t testing.TB) string {
 	return binaryPath
 }
 
+// timeline logs each step of a test with the time since the test began,
+// so that a slow or failed run shows where its time went.
+func timeline(t *testing.T) func(step string) {
+	began := time.Now()
+	return func(step string) {
+		t.Helper()
+		t.Logf("%6.1fs %s", time.Since(began).Seconds(), step)
+	}
+}
+
 func removeBinary() {
 	if binaryDir != "" {
 		_ = os.RemoveAll(binaryDir)
