@@ -74,7 +74,8 @@ type Config struct {
 	Handler Handler
 	// Pool is the database. Required.
 	Pool *pgxpool.Pool
-	// JetStream is the NATS JetStream context. Required.
+	// JetStream is the NATS JetStream context. Required by Run; a group
+	// that only retries dead letters (RetryDeadLetter) needs none.
 	JetStream jetstream.JetStream
 	// Stream is the outbox stream. Defaults to nats.StreamConfig's
 	// defaults.
@@ -238,8 +239,6 @@ func New(cfg Config) (*Group, error) {
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("group: Config.Pool is nil: give a database pool")
-	case cfg.JetStream == nil:
-		return nil, errors.New("group: Config.JetStream is nil: give a JetStream context")
 	case cfg.Handler == nil:
 		return nil, errors.New("group: Config.Handler is nil: give the function that applies events")
 	}
@@ -270,6 +269,9 @@ func (g *Group) Durable() (batonnats.StreamConfig, batonnats.ConsumerConfig) {
 // group goes on. Run returns nil after a shutdown, with no goroutine left
 // behind.
 func (g *Group) Run(ctx context.Context) error {
+	if g.cfg.JetStream == nil {
+		return errors.New("group: Config.JetStream is nil: give a JetStream context")
+	}
 	stream, durable := g.Durable()
 	loop, err := pull.New(pull.Config{
 		JetStream:     g.cfg.JetStream,

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/consumer/group"
@@ -15,7 +17,8 @@ import (
 )
 
 type groupCmd struct {
-	Run groupRunCmd `cmd:"" help:"Run a built-in consumer group on the outbox stream: audit (append every event to audit_events) or webhook (POST every event, signed, to --webhook-url)."`
+	Run         groupRunCmd    `cmd:"" help:"Run a built-in consumer group on the outbox stream: audit (append every event to audit_events) or webhook (POST every event, signed, to --webhook-url)."`
+	DeadLetters deadLettersCmd `cmd:"" name:"dead-letters" help:"List, retry or discard the events a group parked in group_dead_letters."`
 }
 
 // builtinGroups are the groups this binary can run, by name.
@@ -71,8 +74,9 @@ type groupRunCmd struct {
 	config.NATS     `embed:""`
 	config.Stream   `embed:""`
 
-	Name       string `arg:"" enum:"audit,webhook" help:"Built-in group to run: audit or webhook."`
-	groupFlags `embed:""`
+	Name        string `arg:"" enum:"audit,webhook" help:"Built-in group to run: audit or webhook."`
+	MetricsAddr string `name:"metrics-addr" env:"BATON_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve Prometheus metrics on http://HOST:PORT/metrics when set."`
+	groupFlags  `embed:""`
 }
 
 func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
@@ -101,9 +105,20 @@ func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
 	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {
 		return settingError(c, err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerNATSConnected(reg, nc)
+	cfg.Registerer = reg
 	g, err := newGroup(cfg, pool, js, log)
 	if err != nil {
 		return err
+	}
+	if c.MetricsAddr != "" {
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	return g.Run(ctx)
 }

@@ -24,8 +24,9 @@ import (
 // deploy/nats/README.md tells an operator: the seed file, the CA and the
 // three nodes' tls:// URLs in BATON_NATS_* variables. A message posted
 // through the API gets the echo agent's reply, the audit group records it,
-// and a replay of the audit group with the replay user's credentials
-// applies nothing twice. No component is refused anything on the way. On
+// a replay of the audit group with the replay user's credentials applies
+// nothing twice, and baton status, as the read-only status user, finds
+// nothing to attend to. No component is refused anything on the way. On
 // the same cluster, a worker without its seed, or without the CA, exits
 // with an error that says what to fix. Nothing any process prints holds a
 // seed or the API token.
@@ -110,6 +111,13 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	require.Equal(t, [3]int{events, events, events}, [3]int{rows, distinct, inbox}, "the replay must apply nothing twice: audit rows, their distinct events and the group's inbox, one per event")
 
 	step("the replay applied nothing twice")
+
+	// The read-only status user sees the whole system, and it is well.
+	for _, args := range [][]string{{"status"}, {"status", "--json"}} {
+		status, code := ps.run(t, "baton "+strings.Join(args, " "), 30*time.Second, env("status"), args...)
+		require.Zero(t, code, "baton %s should find the system well and say so:\n%s", strings.Join(args, " "), status.tail(40))
+	}
+	step("baton status found nothing to attend to")
 
 	// Refusals on the same cluster: the cluster is up and the other
 	// components work, so only the missing setting is to blame.
