@@ -8,7 +8,9 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -220,10 +222,33 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
 	s.handle("GET /v1/conversations/{cid}/events", s.liveStream(s.authStream(s.conversationEvents)))
-	// Anything else under /v1 is a JSON 404, not the mux's plain text.
-	s.handle("/v1/", func(w http.ResponseWriter, r *http.Request) {
+	// Anything else is a JSON error, not the mux's plain text: 405 with
+	// Allow for a route that takes other methods, 404 otherwise.
+	s.handle("/v1/", s.unrouted)
+	s.handle("/", s.unrouted)
+}
+
+// routeMethods are the methods a route may be registered for.
+var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// unrouted answers a request no route takes: 405 with the methods the
+// path's routes take in Allow, or 404 when no route has its path.
+func (s *Server) unrouted(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range routeMethods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" && pattern != "/v1/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
 		writeError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path)
-	})
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+		fmt.Sprintf("%s is not allowed on %s: use %s", r.Method, r.URL.Path, strings.Join(allow, " or ")))
 }
 
 // handle registers h under pattern with request metrics.
