@@ -57,7 +57,7 @@ func (e *executor) called() []consumer.ToolCall {
 
 // newAgent returns an agent against srv with short retry delays; change
 // adjusts the configuration.
-func newAgent(t *testing.T, srv *agenttest.Server, change func(*agent.Config)) *agent.OpenAI {
+func newAgent(t testing.TB, srv *agenttest.Server, change func(*agent.Config)) *agent.OpenAI {
 	t.Helper()
 	cfg := agent.Config{
 		BaseURL:        srv.BaseURL(),
