@@ -41,7 +41,8 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 		"--database-url", s.db.URL, "--nats-url", s.nc.ConnectedUrl(),
 		"--stream", s.stream.Name, "--subject-prefix", s.stream.SubjectPrefix,
 		"--partitions", strconv.Itoa(s.stream.Partitions),
-		"--lease", "1s", "--ack-wait", "1s", "--debounce", "0", "--log-format", "json")
+		"--lease", "1s", "--ack-wait", "1s", "--debounce", "0", "--log-format", "json", "--log-level", "debug",
+		"--model-streaming=false")
 	cmd.Env = append(os.Environ(), consumer.CrashEnv+"="+consumer.CrashAfterTool)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -74,6 +75,15 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1 AND role = $2`, failed.MessageID, schema.RoleError).Scan(&content))
 	require.Contains(t, content, `"webhook"`, "the error names the action that may have taken effect")
 	require.Len(t, model.Requests(), 1, "no model call after the crash")
+	require.False(t, model.Requests()[0].Stream, "--model-streaming=false asks for whole answers")
+	var agentLines int
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		require.LessOrEqual(t, strings.Count(line, `"component":`), 1, "a log line names its component once: %s", line)
+		if strings.Contains(line, `"component":"agent"`) {
+			agentLines++
+		}
+	}
+	require.NotZero(t, agentLines, "the agent logged (its model request at debug level)")
 	after, appliedAfter := hook.snapshot()
 	require.Equal(t, deliveries, after, "the write was not sent again")
 	require.Equal(t, applied, appliedAfter)

@@ -45,7 +45,12 @@ type modelFlags struct {
 	ModelBaseURL      string        `name:"model-base-url" env:"BATON_MODEL_BASE_URL" setting:"BaseURL" help:"API root of the OpenAI-compatible model server, such as http://127.0.0.1:11434/v1. Defaults to ${model_base_url}."`
 	ModelAPIKey       string        `name:"model-api-key" env:"BATON_MODEL_API_KEY" help:"API key sent as a bearer token; local servers often need none."`
 	Model             string        `name:"model" env:"BATON_MODEL" setting:"Model" help:"Model name the server knows; required with --agent openai."`
-	ModelTimeout      time.Duration `name:"model-timeout" env:"BATON_MODEL_TIMEOUT" setting:"RequestTimeout" help:"Longest model call, to the last streamed chunk; past it the attempt fails and is retried. Defaults to ${model_timeout}."`
+	ModelTimeout      time.Duration `name:"model-timeout" env:"BATON_MODEL_TIMEOUT" setting:"RequestTimeout" help:"Cap of one model call, to the last streamed chunk, however steadily it streams; past it the attempt fails and is retried. Defaults to ${model_timeout}."`
+	ModelFirstByte    time.Duration `name:"model-first-byte-timeout" env:"BATON_MODEL_FIRST_BYTE_TIMEOUT" setting:"FirstByteTimeout" help:"Longest wait for the first chunk of a model's answer (the whole answer without streaming); past it the attempt fails and is retried. Defaults to ${model_first_byte}."`
+	ModelIdle         time.Duration `name:"model-idle-timeout" env:"BATON_MODEL_IDLE_TIMEOUT" setting:"IdleTimeout" help:"Longest pause in a streamed answer; past it the attempt fails and is retried. Defaults to ${model_idle}."`
+	ModelStreaming    bool          `name:"model-streaming" env:"BATON_MODEL_STREAMING" default:"true" negatable:"" help:"Stream model answers, so replies show as they are written; --model-streaming=false for servers that cannot stream."`
+	ModelContext      int           `name:"model-context-tokens" env:"BATON_MODEL_CONTEXT_TOKENS" setting:"ContextTokens" help:"Budget of one model request in estimated tokens (a token per 3 bytes): system prompt, tools, the turn and as much history as fits. Set it to the model's context window less room for the answer. Defaults to ${model_context}."`
+	ModelToolResult   int           `name:"model-max-tool-result-bytes" env:"BATON_MODEL_MAX_TOOL_RESULT_BYTES" setting:"MaxToolResultBytes" help:"Longest tool result the model reads; a longer one keeps its start and end. Defaults to ${model_tool_result}."`
 	MaxModelCalls     int           `name:"max-model-calls" env:"BATON_MAX_MODEL_CALLS" setting:"MaxModelCalls" help:"Model calls one turn may make, retries included. Defaults to ${max_model_calls}."`
 	MaxToolIterations int           `name:"max-tool-iterations" env:"BATON_MAX_TOOL_ITERATIONS" setting:"MaxToolIterations" help:"Rounds of tool calls one turn may make. Defaults to ${max_tool_iterations}."`
 	SystemPrompt      string        `name:"system-prompt" env:"BATON_SYSTEM_PROMPT" help:"First message of every model request."`
@@ -97,7 +102,9 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		alog := env.Log.With().Str("component", "agent").Logger()
 		ac := agent.Config{
 			BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
-			RequestTimeout: c.ModelTimeout, MaxModelCalls: c.MaxModelCalls, MaxToolIterations: c.MaxToolIterations,
+			RequestTimeout: c.ModelTimeout, FirstByteTimeout: c.ModelFirstByte, IdleTimeout: c.ModelIdle,
+			DisableStreaming: !c.ModelStreaming, ContextTokens: c.ModelContext, MaxToolResultBytes: c.ModelToolResult,
+			MaxModelCalls: c.MaxModelCalls, MaxToolIterations: c.MaxToolIterations,
 			Tools: tools, Logger: &alog,
 		}
 		if err := ac.WithDefaults().Validate(); err != nil {
