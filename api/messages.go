@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -55,6 +56,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		var err error
 		res, err = schema.InsertMessageTx(r.Context(), tx, schema.UserMessage{
 			OwnerID: user.ID, ConversationID: cid, MessageID: *req.ID, Content: *req.Content,
+			TraceParent: telemetry.TraceParent(r.Context()),
 		})
 		return err
 	})

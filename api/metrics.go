@@ -6,6 +6,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/batonhq/baton/internal/telemetry"
 )
 
 type metrics struct {
@@ -75,11 +82,22 @@ func (r *statusRecorder) Flush() { _ = r.FlushError() }
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// instrument counts and times each request of a route, and traces it: a
+// caller's W3C traceparent is continued, otherwise a trace starts here
+// (when tracing is on).
 func (s *Server) instrument(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := telemetry.Tracer().Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", route)))
+		defer span.End()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		h(rec, r)
+		h(rec, r.WithContext(ctx))
+		span.SetAttributes(attribute.Int("http.response.status_code", rec.status))
+		if rec.status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(rec.status))
+		}
 		s.metrics.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
 		s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	}

@@ -11,7 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/batonhq/baton/internal/telemetry"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -111,7 +115,13 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
 	}
-	result, callErr := tool.Call(ctx, inv)
+	tctx, span := telemetry.Tracer().Start(ctx, "tool "+call.Tool,
+		trace.WithAttributes(attribute.String("baton.tool", call.Tool), attribute.String("baton.effect", string(tool.Effect())), attribute.Int64("baton.operation_id", inv.OperationID)))
+	result, callErr := tool.Call(tctx, inv)
+	if callErr != nil {
+		span.SetStatus(codes.Error, callErr.Error())
+	}
+	span.End()
 	// The outcome is journaled even when the turn's context ended: a
 	// completed write must show as completed to recovery.
 	finishCtx := context.WithoutCancel(ctx)

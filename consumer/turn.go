@@ -12,7 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -30,6 +34,12 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	w.crash.at(CrashBeforeClaim)
 
 	runID := "run_" + uuid.Must(uuid.NewV7()).String()
+	span := w.turnSpan(batch, mb.conversationID, runID)
+	defer span.End()
+	if tid := span.SpanContext().TraceID(); span.SpanContext().HasTraceID() {
+		log = log.With().Str("trace_id", tid.String()).Logger()
+	}
+	_, claimSpan := telemetry.Tracer().Start(trace.ContextWithSpan(w.hardCtx, span), "claim")
 	// One statement claims a free conversation and loads the turn.
 	claim, in, err := schema.ClaimTurn(w.hardCtx, w.cfg.Pool, schema.ClaimParams{
 		ConversationID: mb.conversationID,
@@ -39,6 +49,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		MaxAttempts:    w.cfg.MaxAttempts,
 		MaxRows:        w.cfg.MaxTurnMessages,
 	}, w.cfg.HistoryLimit)
+	claimSpan.End()
 	var busy *schema.BusyError
 	var wait *schema.WaitError
 	switch {
@@ -92,15 +103,41 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 
 	w.metrics.inFlight.Inc()
 	defer w.metrics.inFlight.Dec()
-	w.runTurn(log, mb, batch, claim, in)
+	span.SetAttributes(attribute.String("baton.turn_id", claim.TurnID), attribute.Int("baton.attempt", claim.Attempts), attribute.Int("baton.messages", len(claim.OutboxIDs)))
+	// The turn answers the claimed rows: it links the trace of each
+	// request it answers, whichever trigger woke it.
+	linked := map[trace.TraceID]bool{span.SpanContext().TraceID(): true}
+	for _, tp := range claim.TraceParents {
+		if sc := telemetry.SpanContextOf(tp); sc.IsValid() && !linked[sc.TraceID()] {
+			linked[sc.TraceID()] = true
+			span.AddLink(trace.Link{SpanContext: sc})
+		}
+	}
+	w.runTurn(trace.ContextWithSpan(context.Background(), span), log, mb, batch, claim, in)
+}
+
+// turnSpan starts the span of a turn in the trace of the first trigger
+// that carries one; the traces of the other requests the turn answers are
+// linked once the claim says which rows it answers.
+func (w *Worker) turnSpan(batch []jetstream.Msg, conversationID, runID string) trace.Span {
+	parent := context.Background()
+	for _, m := range batch {
+		if tp := m.Headers().Get(batonnats.HeaderTraceParent); telemetry.SpanContextOf(tp).IsValid() {
+			parent = telemetry.FromTraceParent(parent, tp)
+			break
+		}
+	}
+	_, span := telemetry.Tracer().Start(parent, "turn", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("baton.conversation_key", conversationID), attribute.String("baton.run_id", runID)))
+	return span
 }
 
 // errShutdown ends turns still running at the shutdown deadline.
 var errShutdown = errors.New("worker is shutting down")
 
 // runTurn runs a claimed turn and ends it in one transaction.
-func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, in schema.TurnInput) {
-	turnCtx, cancel := context.WithCancelCause(w.hardCtx)
+func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, in schema.TurnInput) {
+	turnCtx, cancel := context.WithCancelCause(trace.ContextWithSpan(w.hardCtx, trace.SpanFromContext(spanCtx)))
 	defer cancel(nil)
 	// The turn's wall-clock deadline: past it the attempt fails like any
 	// other failure, visibly once the attempts are used up.
@@ -114,7 +151,9 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 
 	reply, err := func() (Reply, error) {
 		w.crash.at(CrashDuringModel)
-		return w.cfg.Agent.Run(turnCtx, Turn{
+		actx, span := telemetry.Tracer().Start(turnCtx, "agent")
+		defer span.End()
+		return w.cfg.Agent.Run(actx, Turn{
 			ConversationID: claim.ConversationID,
 			RunID:          claim.RunID,
 			TurnID:         claim.TurnID,
@@ -138,8 +177,11 @@ func (w *Worker) runTurn(log zerolog.Logger, mb *mailbox, batch []jetstream.Msg,
 		}
 	}
 
-	ctx, cancelCommit := context.WithTimeout(context.WithoutCancel(w.hardCtx), commitTimeout)
+	ctx, cancelCommit := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(w.hardCtx), trace.SpanFromContext(spanCtx)), commitTimeout)
 	defer cancelCommit()
+	if err != nil {
+		trace.SpanFromContext(spanCtx).SetStatus(codes.Error, err.Error())
+	}
 	if err == nil {
 		w.crash.at(CrashBeforeFinalize)
 		w.finalize(ctx, log, mb, batch, claim, reply)
@@ -168,7 +210,8 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 
 // finalize commits the reply, then acks.
 func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
-	out, err := commitFinalize(ctx, w, schema.Finalize{
+	fctx, span := telemetry.Tracer().Start(ctx, "finalize")
+	out, err := commitFinalize(fctx, w, schema.Finalize{
 		ConversationID: claim.ConversationID,
 		RunID:          claim.RunID,
 		TurnID:         claim.TurnID,
@@ -179,6 +222,7 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, 
 		// they never supersede it.
 		SupersedeIfNewer: w.cfg.Debounce > 0 && !claim.More,
 	})
+	span.End()
 	if err == nil && out.Superseded {
 		w.superseded(log, mb, batch, claim)
 		return

@@ -18,6 +18,9 @@ const (
 	HeaderConversationID = "Baton-Conversation-Id"
 	HeaderMessageID      = "Baton-Message-Id"
 	HeaderReason         = "Baton-Reason"
+	// HeaderTraceParent carries the W3C trace context of the request that
+	// wrote the outbox row, when there was one.
+	HeaderTraceParent = "traceparent"
 )
 
 // Reason says why an event was published.
@@ -50,6 +53,9 @@ type Trigger struct {
 	// duplicate window: empty for the first, "a<attempts>" for a retry,
 	// "s<unix nanos>" for a sweep, "u<unix nanos>" for a user's retry.
 	Announcement string `json:"announcement,omitempty"`
+	// TraceParent is the W3C trace context the outbox row kept, carried
+	// in the traceparent header (not in the body); empty when none.
+	TraceParent string `json:"-"`
 }
 
 // MsgID is the JetStream deduplication ID of this announcement: the same
@@ -78,6 +84,9 @@ func (t Trigger) Msg(prefix string, partitions int) (*natsclient.Msg, error) {
 	m.Header.Set(HeaderConversationID, EncodeHeaderValue(t.ConversationID))
 	m.Header.Set(HeaderMessageID, EncodeHeaderValue(t.MessageID))
 	m.Header.Set(HeaderReason, string(t.Reason))
+	if t.TraceParent != "" {
+		m.Header.Set(HeaderTraceParent, t.TraceParent)
+	}
 	return m, nil
 }
 

@@ -233,6 +233,8 @@ func parseID(b []byte) int64 {
 // outboxColumns are the positions of the columns a trigger is made of.
 type outboxColumns struct {
 	id, conversationID, messageID, createdAt int
+	// traceParent is -1 on a schema without the column.
+	traceParent int
 }
 
 // outboxDecoder turns inserts into agent_outbox into triggers. pgoutput
@@ -261,7 +263,7 @@ func (d *outboxDecoder) relation(m relationMessage) error {
 		d.relations[m.ID] = nil
 		return nil
 	}
-	cols := outboxColumns{id: -1, conversationID: -1, messageID: -1, createdAt: -1}
+	cols := outboxColumns{id: -1, conversationID: -1, messageID: -1, createdAt: -1, traceParent: -1}
 	for i, name := range m.Columns {
 		switch name {
 		case "id":
@@ -272,6 +274,8 @@ func (d *outboxDecoder) relation(m relationMessage) error {
 			cols.messageID = i
 		case "created_at":
 			cols.createdAt = i
+		case "trace_parent":
+			cols.traceParent = i
 		}
 	}
 	if cols.id < 0 || cols.conversationID < 0 || cols.messageID < 0 || cols.createdAt < 0 {
@@ -323,5 +327,8 @@ func (d *outboxDecoder) trigger(m insertMessage) (t batonnats.Trigger, ok bool, 
 	ids := string(conv) + string(msg)
 	t.ConversationID, t.MessageID = ids[:len(conv)], ids[len(conv):]
 	t.Reason = batonnats.ReasonInsert
+	if i := cols.traceParent; i >= 0 && i < len(m.Values) && len(m.Values[i].Data) > 0 {
+		t.TraceParent = string(m.Values[i].Data)
+	}
 	return t, true, nil
 }

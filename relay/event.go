@@ -99,6 +99,11 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 		e.values[3] = s[conversationEnd:]
 	}
 	e.values[4] = string(t.Reason)
+	if t.TraceParent != "" {
+		e.msg.Header[batonnats.HeaderTraceParent] = []string{t.TraceParent}
+	} else if _, set := e.msg.Header[batonnats.HeaderTraceParent]; set {
+		delete(e.msg.Header, batonnats.HeaderTraceParent)
+	}
 	e.msg.Subject = s[:subjectEnd]
 	e.msg.Reply = ""
 	e.msg.Data = e.body

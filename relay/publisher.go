@@ -11,6 +11,7 @@ import (
 
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	batonnats "github.com/batonhq/baton/nats"
 )
@@ -71,6 +72,9 @@ type inflight struct {
 	trigger batonnats.Trigger
 	sent    time.Time // first sent: resending does not extend the timeout
 	retries int
+	// span is the event's publish span, ended at its acknowledgement; nil
+	// for a row without trace context.
+	span trace.Span
 }
 
 func newPublisher(nc *natsclient.Conn, max int, timeout time.Duration, rebuild func(*batonnats.Trigger) (*natsclient.Msg, error),
@@ -122,7 +126,7 @@ func (p *publisher) close() {
 // while the in-flight bound is reached. The caller counts the event in the
 // tracker before: its acknowledgement may arrive before publish returns.
 // msg is not used after publish returns.
-func (p *publisher) publish(msg *natsclient.Msg, x *txn, t *batonnats.Trigger, cancel <-chan struct{}) error {
+func (p *publisher) publish(msg *natsclient.Msg, x *txn, t *batonnats.Trigger, span trace.Span, cancel <-chan struct{}) error {
 	select {
 	case p.slots <- struct{}{}:
 	default:
@@ -134,7 +138,7 @@ func (p *publisher) publish(msg *natsclient.Msg, x *txn, t *batonnats.Trigger, c
 			return errPublishCancelled
 		}
 	}
-	ev := &inflight{txn: x, trigger: *t, sent: time.Now()}
+	ev := &inflight{txn: x, trigger: *t, sent: time.Now(), span: span}
 	p.mu.Lock()
 	seq := p.next
 	p.next++

@@ -157,7 +157,7 @@ func publishRow(t *testing.T, p *publisher, e *eventBuilder, id int64, cancel <-
 	tr := batonnats.Trigger{OutboxID: id, ConversationID: "c", MessageID: "m", Reason: batonnats.ReasonInsert}
 	msg, err := e.build(&tr)
 	require.NoError(t, err)
-	return p.publish(msg, &txn{}, &tr, cancel)
+	return p.publish(msg, &txn{}, &tr, nil, cancel)
 }
 
 func TestPublisherBoundsInFlightAndTakesAcksInAnyOrder(t *testing.T) {

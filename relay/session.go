@@ -11,7 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -337,6 +340,19 @@ func (s *session) logical(ctx context.Context, m logicalMessage) error {
 // publish sends one event, blocking while MaxInFlight events are
 // unacknowledged. The publisher reports its acknowledgement to acked.
 func (s *session) publish(ctx context.Context, x *txn, t batonnats.Trigger) error {
+	// A row written within a trace gets a publish span in it, and the
+	// message carries the span on as its trace context. Rows without one
+	// cost nothing here.
+	var span trace.Span
+	if t.TraceParent != "" {
+		var sctx context.Context
+		sctx, span = telemetry.Tracer().Start(telemetry.FromTraceParent(ctx, t.TraceParent), "relay publish",
+			trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(attribute.Int64("baton.outbox_id", t.OutboxID), attribute.String("baton.reason", string(t.Reason))))
+		if tp := telemetry.TraceParent(sctx); tp != "" {
+			t.TraceParent = tp
+		}
+	}
 	msg, err := s.events.build(&t)
 	if err != nil {
 		return err
@@ -351,7 +367,7 @@ func (s *session) publish(ctx context.Context, x *txn, t batonnats.Trigger) erro
 	// an event counted but never sent only holds the confirmed LSN back.
 	s.tracker.add(x)
 	s.r.metrics.inFlight.Inc()
-	if err := s.pub.publish(msg, x, &t, s.cancel); err != nil {
+	if err := s.pub.publish(msg, x, &t, span, s.cancel); err != nil {
 		var send sendError
 		switch {
 		case errors.Is(err, errPublishCancelled):
@@ -370,6 +386,9 @@ func (s *session) publish(ctx context.Context, x *txn, t batonnats.Trigger) erro
 // the tracker confirms a transaction only when all its events and all
 // those before it are acknowledged, whatever that order.
 func (s *session) acked(ev *inflight, now time.Time) {
+	if ev.span != nil {
+		ev.span.End()
+	}
 	m := s.r.metrics
 	s.tracker.acked(ev.txn)
 	m.inFlight.Dec()

@@ -94,6 +94,9 @@ type Claim struct {
 	// More is set when pending rows were left for the next turn by
 	// ClaimParams.MaxRows.
 	More bool
+	// TraceParents are the trace contexts the claimed rows kept (ClaimTurn
+	// only): a turn that answers several requests links their traces.
+	TraceParents []string
 }
 
 // Empty reports whether nothing was claimed: no pending rows.

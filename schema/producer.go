@@ -46,6 +46,10 @@ type UserMessage struct {
 	ConversationID string
 	MessageID      string
 	Content        string
+	// TraceParent is the W3C trace context of the request, kept on the
+	// outbox row so that the turn continues the caller's trace. Defaults
+	// to none.
+	TraceParent string
 }
 
 // InsertResult says what InsertMessageTx did.
@@ -114,8 +118,8 @@ func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertRes
 		return InsertResult{}, fmt.Errorf("insert message: %w", err)
 	}
 	if err := tx.QueryRow(ctx, `
-		INSERT INTO agent_outbox (conversation_id, message_id) VALUES ($1, $2)
-		RETURNING id`, res.ConversationKey, res.MessageKey).Scan(&res.OutboxID); err != nil {
+		INSERT INTO agent_outbox (conversation_id, message_id, trace_parent) VALUES ($1, $2, NULLIF($3, ''))
+		RETURNING id`, res.ConversationKey, res.MessageKey, m.TraceParent).Scan(&res.OutboxID); err != nil {
 		return InsertResult{}, fmt.Errorf("insert outbox row: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `

@@ -41,9 +41,10 @@ picked AS (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $4::bigint < 0 THEN N
 claimed AS (
 	UPDATE agent_outbox o SET status = 'processing', attempts = attempts + 1, run_id = $2
 	FROM picked WHERE o.id = picked.id
-	RETURNING o.id, o.attempts, o.created_at, o.message_id),
+	RETURNING o.id, o.attempts, o.created_at, o.message_id, o.trace_parent),
 agg AS (
 	SELECT array_agg(id ORDER BY id) AS ids,
+		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
 		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id), 'UTF8')), 'hex'), 32) AS turn_id,
 		max(attempts) AS attempts, min(created_at) AS first_created_at
 	FROM claimed HAVING count(*) > 0),
@@ -57,7 +58,7 @@ run AS (
 	SELECT $2, $1, agg.turn_id, agg.ids, $5, clock_timestamp(), lease.lease_expires_at FROM agg, lease
 	RETURNING lease_expires_at)
 SELECT conv.run_id, conv.lease_expires_at, conv.expired, conv.not_before, conv.waiting,
-	agg.ids, agg.turn_id, agg.attempts, agg.first_created_at, (SELECT lease_expires_at FROM run),
+	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.first_created_at, (SELECT lease_expires_at FROM run),
 	(SELECT count(*) FROM turn),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
@@ -88,6 +89,7 @@ func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int
 		expires, notBefore       *time.Time
 		expired, waiting         bool
 		ids                      []int64
+		traceParents             []string
 		turnID                   *string
 		attempts                 *int
 		firstCreated, leaseUntil *time.Time
@@ -96,7 +98,7 @@ func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int
 	)
 	scan := func() error {
 		return db.QueryRow(ctx, claimSQL, p.ConversationID, p.RunID, p.Lease.Seconds(), limit, p.Worker, max(historyLimit, 0)).Scan(
-			&owner, &expires, &expired, &notBefore, &waiting, &ids, &turnID, &attempts, &firstCreated, &leaseUntil,
+			&owner, &expires, &expired, &notBefore, &waiting, &ids, &traceParents, &turnID, &attempts, &firstCreated, &leaseUntil,
 			&pending, &messages, &history)
 	}
 	err := scan()
@@ -129,6 +131,11 @@ func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int
 		return c, TurnInput{}, nil
 	}
 	c.OutboxIDs, c.TurnID, c.Attempts = ids, *turnID, *attempts
+	for _, tp := range traceParents {
+		if tp != "" {
+			c.TraceParents = append(c.TraceParents, tp)
+		}
+	}
 	c.FirstCreatedAt, c.LeaseExpiresAt = *firstCreated, *leaseUntil
 	c.More = limit >= 0 && pending > limit
 	var in TurnInput

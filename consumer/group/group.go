@@ -18,9 +18,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/batonhq/baton/consumer/pull"
 	"github.com/batonhq/baton/internal/setting"
+	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -349,9 +352,15 @@ func (g *Group) handle(ctx context.Context, msg jetstream.Msg) {
 		g.settle(ctx, msg, ev, &handlerError{err: Permanent(fmt.Errorf("malformed event: %w", err))})
 		return
 	}
+	// The event continues the trace of the request that wrote its row.
+	ctx, span := telemetry.Tracer().Start(telemetry.FromTraceParent(ctx, msg.Headers().Get(batonnats.HeaderTraceParent)), "group "+g.cfg.Name,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("baton.group", g.cfg.Name), attribute.String("baton.event_id", ev.ID)))
+	defer span.End()
 	stop := keepAlive(msg, g.cfg.AckWait/3)
 	outcome, err := g.apply(ctx, ev)
 	stop()
+	span.SetAttributes(attribute.String("baton.outcome", string(outcome)))
 	if err != nil {
 		g.settle(ctx, msg, ev, err)
 		return

@@ -80,6 +80,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	log := env.Log.With().Str("component", "api").Logger()
+	defer startTracing(ctx, "api", log)()
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
 		return err

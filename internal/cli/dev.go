@@ -60,6 +60,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 		return &UsageError{Err: err}
 	}
 	log := env.Log.With().Str("component", "dev").Logger()
+	defer startTracing(ctx, "dev", log)()
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return err
 	}

@@ -91,6 +91,7 @@ func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	log := env.Log.With().Str("component", "group").Logger()
+	defer startTracing(ctx, "group", log)()
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ type relayCmd struct {
 
 func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Log.With().Str("component", "relay").Logger()
+	defer startTracing(ctx, "relay", log)()
 	if err := c.NATS.Validate(); err != nil {
 		return &UsageError{Err: err}
 	}

@@ -67,6 +67,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 	crashAt := os.Getenv(consumer.CrashEnv)
 	log := env.Log.With().Str("component", "worker").Logger()
+	defer startTracing(ctx, "worker", log)()
 	debounce := c.Debounce
 	if debounce == 0 {
 		debounce = consumer.NoDebounce
