@@ -33,6 +33,7 @@ import (
 func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	t.Parallel()
 	step := timeline(t)
+	startBuild()
 	c := clustertest.Start(t, clustertest.Options{})
 	step("the cluster runs")
 	db := testenv.Database(t)

@@ -38,8 +38,7 @@ import (
 func TestNoSecretReachesAnyOutput(t *testing.T) {
 	t.Parallel()
 	step := timeline(t)
-	ps := newProcesses(t)
-	step("the binary is ready")
+	startBuild()
 
 	dbPassword := "pg:" + randomText(t) + "@/#?&%"
 	pg := startPostgres(t, "baton", dbPassword, "baton_password", "baton_creds", "baton_nkey", "baton_failing")
@@ -53,6 +52,8 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	creds := startOperatorNATS(t)
 	nkeySeedFile, nkeyAddr := startNKeyNATS(t)
 	step("PostgreSQL and the NATS servers run")
+	ps := newProcesses(t)
+	step("the binary is ready")
 
 	secrets := []secret{
 		{name: "NATS password", value: natsPassword},

@@ -23,16 +23,34 @@ var (
 	binaryErr  error
 )
 
-// batonBinary builds cmd/baton once for the package, without the race
-// detector whatever the tests run with: these tests run a dozen processes
-// on a machine other tests share, and judge them by what they do and
-// print, not by races inside one of them (the packages' own tests run
-// with -race). BATON_TEST_BINARY names a prebuilt binary instead.
+// batonBinary returns the baton binary the tests run, built once for the
+// package without the race detector whatever the tests run with: these
+// tests run dozens of processes on a machine other tests share, and judge
+// them by what they do and print, not by races inside one of them (the
+// packages' own tests run with -race). It is the build the chaos harness
+// makes, so one of them finds it in the build cache.
+// BATON_TEST_BINARY names a prebuilt binary instead.
 func batonBinary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("BATON_TEST_BINARY"); p != "" {
 		return p
 	}
+	buildBinary()
+	if binaryErr != nil {
+		t.Fatalf("build baton: %v", binaryErr)
+	}
+	return binaryPath
+}
+
+// startBuild starts building the binary in the background, so that a
+// test's other setup (a NATS cluster, PostgreSQL) overlaps with it.
+func startBuild() {
+	if os.Getenv("BATON_TEST_BINARY") == "" {
+		go buildBinary()
+	}
+}
+
+func buildBinary() {
 	binaryOnce.Do(func() {
 		binaryDir, binaryErr = os.MkdirTemp("", "baton-securetest-")
 		if binaryErr != nil {
@@ -46,10 +64,6 @@ func batonBinary(t testing.TB) string {
 			binaryErr = fmt.Errorf("go build ./cmd/baton: %w\n%s", err, out)
 		}
 	})
-	if binaryErr != nil {
-		t.Fatalf("build baton: %v", binaryErr)
-	}
-	return binaryPath
 }
 
 // timeline logs each step of a test with the time since the test began,
@@ -62,7 +76,9 @@ func timeline(t *testing.T) func(step string) {
 	}
 }
 
+// removeBinary removes the binary once no build runs any more.
 func removeBinary() {
+	binaryOnce.Do(func() {})
 	if binaryDir != "" {
 		_ = os.RemoveAll(binaryDir)
 	}
