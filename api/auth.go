@@ -101,6 +101,15 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error
 		// The client went away; nothing to report.
 		return
 	}
+	if schema.IsUnavailable(err) {
+		// The database is away for a moment (a restart, a failover): the
+		// client retries, with the same message id, which never makes a
+		// second turn.
+		s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("database unavailable")
+		w.Header().Set("Retry-After", "2")
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the service is briefly unavailable; try again in a few seconds (a message sent again with the same id is stored once)")
+		return
+	}
 	s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
 	writeError(w, http.StatusInternalServerError, "internal", "internal error; the server log has the details")
 }

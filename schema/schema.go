@@ -7,6 +7,9 @@ package schema
 import (
 	"context"
 	"errors"
+	"io"
+	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,4 +47,30 @@ func IsForeignKeyViolation(err error) bool {
 func IsUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == pgUniqueViolation
+}
+
+// IsUnavailable reports whether err says the database cannot serve the
+// request right now, as opposed to a mistake in it: no connection (the
+// server is down, restarting or failing over), a server shutting down, or a
+// standby that cannot write (a multi-host URL that reached the old primary
+// while it is demoted). Retrying the same request later is the answer.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutting down, cannot connect now
+			pgErr.Code == "25006": // read-only transaction: a standby
+			return true
+		}
+		return false
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
