@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-
 // FinalizeSplit is a deliberately broken finalize, built only with the
 // chaosbroken tag for the chaos harness's own test: it marks the claimed
 // rows done in one transaction and writes the reply in a second, calling
