@@ -343,8 +343,9 @@ func (r *Report) gatherDatabase(ctx context.Context, db schema.Executor) error {
 		return fmt.Errorf("read the timeline: %w", err)
 	}
 	// Physical WAL senders serve no database; logical ones (the relay) do.
+	// A role without pg_read_all_stats sees them with no details.
 	rows, err := db.Query(ctx, `
-		SELECT r.application_name, coalesce(host(r.client_addr), ''), coalesce(r.state, ''), coalesce(r.sync_state, ''),
+		SELECT coalesce(r.application_name, ''), coalesce(host(r.client_addr), ''), r.state, r.sync_state,
 		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.replay_lsn), 0)::bigint
 		FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid
 		WHERE a.datid IS NULL ORDER BY r.application_name`)
@@ -352,11 +353,18 @@ func (r *Report) gatherDatabase(ctx context.Context, db schema.Executor) error {
 		return fmt.Errorf("list standbys: %w", err)
 	}
 	defer rows.Close()
-	synchronous := 0
+	synchronous, hidden := 0, 0
 	for rows.Next() {
 		var sb Standby
-		if err := rows.Scan(&sb.Name, &sb.Client, &sb.State, &sb.SyncState, &sb.ReplayLagBytes); err != nil {
+		var state, syncState *string
+		if err := rows.Scan(&sb.Name, &sb.Client, &state, &syncState, &sb.ReplayLagBytes); err != nil {
 			return err
+		}
+		if state == nil || syncState == nil {
+			hidden++
+			sb.State, sb.SyncState = "unknown", "unknown"
+		} else {
+			sb.State, sb.SyncState = *state, *syncState
 		}
 		if sb.SyncState == "sync" || sb.SyncState == "quorum" {
 			synchronous++
@@ -367,7 +375,10 @@ func (r *Report) gatherDatabase(ctx context.Context, db schema.Executor) error {
 		return fmt.Errorf("list standbys: %w", err)
 	}
 	r.Database = d
-	if d.SynchronousStandbyNames != "" && synchronous == 0 {
+	if hidden > 0 {
+		r.Errors["standbys"] = "the standbys' state is hidden from this role: grant it pg_read_all_stats (or pg_monitor) to see it"
+	}
+	if d.SynchronousStandbyNames != "" && synchronous == 0 && hidden == 0 {
 		r.attention("synchronous_standby_names is %q but no synchronous standby is connected: every commit waits, so no message is stored and no turn ends; bring the standby back, or clear synchronous_standby_names", d.SynchronousStandbyNames)
 	}
 	return nil
