@@ -15,13 +15,14 @@ build:
 	$(GO) build -trimpath -o $(BIN) ./cmd/baton
 
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
-# server binaries (for `baton dev` and the tests) and Chromium (for the web
-# page tests). Nothing else is fetched.
+# server binaries (for `baton dev` and the tests), Chromium (for the web
+# page tests) and promtool (for the tests of the alert rules and the
+# dashboard). Nothing else is fetched.
 deps:
 	@./scripts/install-deps.sh postgres
 
 test-deps:
-	@./scripts/install-deps.sh postgres chromium
+	@./scripts/install-deps.sh postgres chromium prometheus
 
 test: test-deps
 	$(GO) vet $(PKGS)

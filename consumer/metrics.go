@@ -60,6 +60,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_triggers_malformed_total", Help: "Events on the stream that are not triggers; terminated.",
 		}),
 	}
+	// Every outcome is a series from the start, so that a failure rate
+	// and a recovery panel exist before the first failure or recovery.
+	for _, o := range []string{"replied", "retried", "failed", "superseded", "cancelled", "abandoned", "error"} {
+		m.turnsFinished.WithLabelValues(o)
+	}
+	for _, o := range []string{"retry", "failed"} {
+		m.recoveries.WithLabelValues(o)
+	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}

@@ -4,12 +4,18 @@
 #   postgres  the PostgreSQL server binaries (package postgresql), for the
 #             local cluster of `baton dev` and the tests' throwaway clusters
 #   chromium  a headless browser (package chromium), for the web page tests
+#   prometheus  promtool (package prometheus), which checks the alert rules
+#             and the dashboard's expressions in deploy/ and runs the
+#             alerts' tests; the server it also ships is not started
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
 have_postgres() {
   command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1
+}
+have_promtool() {
+  command -v promtool >/dev/null 2>&1
 }
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
@@ -20,7 +26,8 @@ for want in "${@:-postgres}"; do
   case "$want" in
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium)" >&2; exit 2 ;;
+    prometheus) have_promtool || missing+=(prometheus) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
@@ -33,6 +40,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "installing Debian packages: ${missing[*]}"
 $SUDO apt-get update -qq
-# RUNLEVEL=1 keeps the postgresql package from starting its own cluster:
-# Baton runs its own, with logical replication on.
+# RUNLEVEL=1 keeps the postgresql package from starting its own cluster
+# (Baton runs its own, with logical replication on) and the prometheus
+# package from starting its server (the tests need only promtool).
 DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
