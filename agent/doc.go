@@ -8,4 +8,14 @@
 // runs; what the model got wrong goes back to the model, not to the user.
 // Every call is journaled in operations by the turn runner, so recovery
 // knows whether an interrupted attempt changed the world.
+//
+// The model edge: each failed call is classified by what another try would
+// change (see ErrModelRefused and the sentinel errors beside it): terminal
+// faults end the turn at once, with a text for the operator (Error) and one
+// for the user (UserText); a rate limit or an overload ends the attempt with
+// a *RateLimitError, whose RetryAfter the turn runner waits with the turn
+// released; 5xx and lost connections are retried inside the attempt. A
+// call is judged by its progress (Config.FirstByteTimeout,
+// Config.IdleTimeout), not its length. Each request fits
+// Config.ContextTokens, however long the conversation.
 package agent
