@@ -26,6 +26,12 @@ type Beginner interface {
 // which keeps only rows done or failed, leaves them out as it must. When
 // the conversation is held or waits, nothing is written and the row says
 // why.
+//
+// The snapshot predates the wait for the conversation's lock: a run may
+// have claimed and finished rows in between, which the snapshot still
+// shows pending. The UPDATE checks the status again on the row it changes
+// (a changed row is re-read under READ COMMITTED), so a row another run
+// took is never taken twice; the turn CTE alone would not see that.
 const claimSQL = `
 WITH conv AS (
 	SELECT run_id, lease_expires_at, coalesce(lease_expires_at <= now(), false) AS expired,
@@ -40,7 +46,7 @@ turn AS (
 picked AS (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $4::bigint < 0 THEN NULL ELSE $4::bigint END),
 claimed AS (
 	UPDATE agent_outbox o SET status = 'processing', attempts = attempts + 1, run_id = $2
-	FROM picked WHERE o.id = picked.id
+	FROM picked WHERE o.id = picked.id AND o.status = 'pending'
 	RETURNING o.id, o.attempts, o.created_at, o.message_id, o.trace_parent),
 agg AS (
 	SELECT array_agg(id ORDER BY id) AS ids,

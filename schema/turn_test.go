@@ -174,3 +174,50 @@ func (b turnBundle) count(t *testing.T, query string, args ...any) int {
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
 	return n
 }
+
+// TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited: a claim
+// whose statement began while another run claimed and finished the same
+// rows waits for that run's lock, and then must find the rows done, not
+// pending as its snapshot had them: no row is answered twice.
+func TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "one")
+
+	// Run A claims in a transaction and holds the conversation's lock.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	a, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-a", Worker: "a", Lease: time.Minute, MaxAttempts: 3})
+	require.NoError(t, err)
+	require.Len(t, a.OutboxIDs, 1)
+
+	// Run B's claim starts now (its snapshot still shows the row pending)
+	// and waits for the lock.
+	type result struct {
+		c   schema.Claim
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, _, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-b", Worker: "b", Lease: time.Minute, MaxAttempts: 3}, 10)
+		done <- result{c, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH conv AS%'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "run B's claim did not wait for the lock")
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A finishes its turn and commits: the conversation is free again.
+	_, err = schema.FinalizeTx(ctx, tx, schema.Finalize{ConversationID: b.key("c"), RunID: "run-a", TurnID: a.TurnID, OutboxIDs: a.OutboxIDs, Content: "answer"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NoError(t, r.err)
+	require.True(t, r.c.Empty(), "the row A answered is not claimed again: %+v", r.c)
+	require.Equal(t, []string{"done"}, b.statuses(t, "c"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+}
