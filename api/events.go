@@ -259,7 +259,13 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-recheck.C:
 			if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
-				end(endRevoked)
+				// An inactive token is revoked or past its expiry; the
+				// recheck may come before the expiry timer fires.
+				if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
+					end(endExpired)
+				} else {
+					end(endRevoked)
+				}
 				return
 			}
 			// The deleted event may have been lost (it is published after
