@@ -204,6 +204,8 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	require.NoError(t, err, "baton status's report as baton_status")
 	require.Equal(t, int64(1), report.Outbox.ByStatus["done"])
 	require.Len(t, report.DeadLetters, 1)
+	require.NotContains(t, report.Errors, "tables", "the status role reads the table sizes and oldest rows")
+	require.NotEmpty(t, report.Tables)
 
 	// The API deletes the conversation: its messages, outbox rows, runs
 	// and operations go with it (the cascade runs as the tables' owner).

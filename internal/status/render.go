@@ -120,6 +120,18 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
+	if len(r.Tables) > 0 {
+		p("TABLE\tSIZE\tROWS (ESTIMATE)\tOLDEST\n")
+		for _, t := range r.Tables {
+			oldest := "-"
+			if t.Oldest != nil {
+				oldest = ago(*t.Oldest) + " (" + t.Of + ")"
+			}
+			p("%s\t%s\t%d\t%s\n", t.Table, Bytes(t.Bytes), t.Rows, oldest)
+		}
+		p("\n")
+	}
+
 	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
 	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {

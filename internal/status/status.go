@@ -76,6 +76,9 @@ type Report struct {
 	// DeadLetters are the events consumer groups parked and nobody
 	// resolved yet, by group.
 	DeadLetters []DeadLetters `json:"dead_letters"`
+	// Tables are the sizes and oldest rows of the tables that grow with
+	// use; retention (`baton prune`) keeps four of them in check.
+	Tables []schema.TableStat `json:"tables"`
 }
 
 // Database is the PostgreSQL server the report was read from: the
@@ -221,7 +224,7 @@ var ErrStandby = errors.New("the database server is a standby (in recovery)")
 // in recovery is ErrStandby: the slot and the outbox live on the primary.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
 	o = o.WithDefaults()
-	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}}
+	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}}
 	if err := r.gatherDatabase(ctx, db); err != nil {
 		return nil, err
 	}
@@ -234,6 +237,7 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 	if err := r.gatherDeadLetters(ctx, db); err != nil {
 		return nil, err
 	}
+	r.gatherTables(ctx, db)
 	if js == nil {
 		r.Errors["nats"] = "NATS is not reachable"
 		r.attention("NATS is not reachable: the relay cannot publish and workers get no triggers")
@@ -619,4 +623,19 @@ func (r *Report) gatherDeadLetters(ctx context.Context, db schema.Executor) erro
 		r.attention("group %s parked %d event(s) in group_dead_letters: fix the cause, then `baton replay --group %s --from-seq %d`", d.Group, d.Count, d.Group, d.FirstSeq)
 	}
 	return rows.Err()
+}
+
+// gatherTables reads the tables' sizes. It is information, not a check: a
+// role that may not read them gets the report without them and a hint.
+func (r *Report) gatherTables(ctx context.Context, db schema.Executor) {
+	stats, err := schema.TableStats(ctx, db)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		r.Errors["tables"] = "the table sizes are hidden from this role: run the migrations, which grant the status role what it needs (00011)"
+	case err != nil:
+		r.Errors["tables"] = err.Error()
+	default:
+		r.Tables = stats
+	}
 }
