@@ -11,8 +11,12 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -330,6 +334,34 @@ func (t *turnLoop) malformed(f *failure, n int) *ModelError {
 // progress (see watch) and capped at RequestTimeout. A failure comes back
 // as a *failure, or as the turn's own context error.
 func (t *turnLoop) call(ctx context.Context, params openai.ChatCompletionNewParams) (st stepResult, err error) {
+	// One span per request, retries included, named and described by the
+	// OpenTelemetry conventions for generative AI; never the content.
+	ctx, span := telemetry.Tracer().Start(ctx, "chat "+t.cfg.Model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", t.cfg.Model),
+			attribute.Int("baton.model_call", t.calls),
+			attribute.Int("baton.attempt", t.attempt),
+			attribute.Bool("baton.streaming", !t.cfg.DisableStreaming),
+		))
+	defer func() {
+		if err != nil {
+			var f *failure
+			if errors.As(err, &f) {
+				span.SetStatus(codes.Error, f.what)
+				if f.status != 0 {
+					span.SetAttributes(attribute.Int("http.response.status_code", f.status))
+				}
+			} else {
+				span.SetStatus(codes.Error, err.Error())
+			}
+		} else {
+			span.SetAttributes(
+				attribute.StringSlice("gen_ai.response.finish_reasons", []string{st.finish}),
+				attribute.Int("baton.tool_calls", len(st.calls)))
+		}
+		span.End()
+	}()
 	capCtx, stopCap := context.WithTimeoutCause(ctx, t.cfg.RequestTimeout, &timeoutError{what: "cap", after: t.cfg.RequestTimeout})
 	defer stopCap()
 	callCtx, cancel := context.WithCancelCause(capCtx)
