@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
 
 	"github.com/batonhq/baton/internal/telemetry"
 )
@@ -20,6 +21,11 @@ func startTracing(ctx context.Context, component string, log zerolog.Logger) fun
 		return func() {}
 	}
 	if telemetry.Enabled() {
+		// The SDK's own errors (a collector that cannot be reached, say)
+		// go to the component's log, not to a bare line on stderr.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			log.Warn().Err(err).Msg("tracing: spans could not be exported")
+		}))
 		log.Info().Msg("tracing on: spans go to the OTLP endpoint of the OTEL_* variables")
 	}
 	return func() {
