@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+)
+
+// logLines collects the log lines the relay's goroutines write.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, string(p))
+	return len(p), nil
+}
+
+// with returns the lines that hold every one of parts.
+func (l *logLines) with(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.lines {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+func TestAFirstStartLogsSlotCreatedAtInfoAndOnlyAVanishedSlotWarns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	runOnce := func() *logLines {
+		logs := &logLines{}
+		r, err := New(b.cfg, b.pool, b.relayConn(t), zerolog.New(logs))
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		waitActive(t, r)
+		// A running relay records its slot at each heartbeat.
+		require.Eventually(t, func() bool { return r.slotRecorded(ctx) }, 30*time.Second, 10*time.Millisecond, "the relay records its slot")
+		cancel()
+		require.NoError(t, <-done)
+		return logs
+	}
+
+	first := runOnce()
+	require.Len(t, first.with(`"level":"info"`, `"message":"slot created"`), 1, "a first start creates the slot, at info")
+	require.Empty(t, first.with(`"level":"warn"`), "nothing is wrong on a first start")
+
+	// The slot vanishes while no relay runs (dropped, or a failover to a
+	// standby): the next start recreates it and warns.
+	require.Eventually(t, func() bool {
+		_, err := b.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, b.cfg.Slot)
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "drop the slot once its relay let it go")
+	second := runOnce()
+	require.Len(t, second.with(`"level":"warn"`, `"cause":"missing"`, "slot (re)created"), 1, "a slot that vanished warns")
+	require.Empty(t, second.with(`"message":"slot created"`))
+}
