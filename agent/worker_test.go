@@ -152,7 +152,13 @@ func (s *stack) send(conversationID, messageID, content string) {
 // one of want.
 func (s *stack) await(conversationID string, want ...batonnats.EventType) batonnats.ConversationEvent {
 	s.t.Helper()
-	timeout := time.After(30 * time.Second)
+	return s.awaitWithin(30*time.Second, conversationID, want...)
+}
+
+// awaitWithin is await with its own timeout.
+func (s *stack) awaitWithin(within time.Duration, conversationID string, want ...batonnats.EventType) batonnats.ConversationEvent {
+	s.t.Helper()
+	timeout := time.After(within)
 	for {
 		select {
 		case c := <-s.states:
@@ -165,7 +171,7 @@ func (s *stack) await(conversationID string, want ...batonnats.EventType) batonn
 				}
 			}
 		case <-timeout:
-			s.t.Fatalf("conversation %s reached none of %v within 30s", conversationID, want)
+			s.t.Fatalf("conversation %s reached none of %v within %s", conversationID, want, within)
 		}
 	}
 }
