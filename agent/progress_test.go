@@ -114,3 +114,46 @@ func TestTheTurnsOwnEndIsNotAModelFault(t *testing.T) {
 	require.ErrorIs(t, err, consumer.ErrTurnTimeout)
 	require.False(t, agent.IsTerminal(err))
 }
+
+// TestAtFullScaleAStreamIsJudgedByItsProgress is the two cases above at
+// their real durations: a token every second for 30 s with a 10 s idle
+// timeout succeeds with one call, and a stream that stalls for 15 s after
+// its first tokens fails once the 10 s have passed, before the stall ends.
+func TestAtFullScaleAStreamIsJudgedByItsProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for 30 s")
+	}
+	t.Parallel()
+	const idle = 10 * time.Second
+	t.Run("a token every second for 30s", func(t *testing.T) {
+		t.Parallel()
+		content := strings.Repeat("x", 30)
+		srv := agenttest.NewServer(t, agenttest.Response{Content: content, ChunkSize: 1, ChunkDelay: time.Second})
+		a := newAgent(t, srv, func(c *agent.Config) {
+			c.FirstByteTimeout = idle
+			c.IdleTimeout = idle
+			c.RequestTimeout = 10 * time.Minute
+		})
+		start := time.Now()
+		reply, err := a.Run(context.Background(), turnOf("write slowly"), newExecutor(agent.NewRegistry()))
+		require.NoError(t, err)
+		require.Equal(t, consumer.Reply{Content: content}, reply)
+		require.Len(t, srv.Requests(), 1)
+		require.Greater(t, time.Since(start), 29*time.Second)
+	})
+	t.Run("a stall of 15s", func(t *testing.T) {
+		t.Parallel()
+		srv := agenttest.NewServer(t, agenttest.Response{Content: "Hello there, world", ChunkDelay: 15 * time.Second, ChunkSize: 18})
+		a := newAgent(t, srv, func(c *agent.Config) {
+			c.FirstByteTimeout = idle
+			c.IdleTimeout = idle
+		})
+		start := time.Now()
+		_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		took := time.Since(start)
+		require.ErrorIs(t, err, agent.ErrModelTimeout)
+		require.Len(t, srv.Requests(), 1)
+		require.GreaterOrEqual(t, took, idle, "it failed before the idle timeout")
+		require.Less(t, took, 15*time.Second, "it waited for the stall to end")
+	})
+}
