@@ -23,6 +23,8 @@ type Result struct {
 	Load, Settle, Total               time.Duration
 	// Settled is false when rows were still moving at SettleTimeout.
 	Settled bool
+	// Status is what `baton status` said of the system after the run.
+	Status string
 	// Dir holds the logs of every process; kept when the run failed.
 	Dir string
 }
@@ -54,7 +56,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res := &Result{Config: cfg, Dir: dir}
 
-	out("chaos: starting PostgreSQL, %d NATS nodes, %d relays, %d workers and the API in %s\n", natsCount, relayCount, workerCount, dir)
+	out("chaos: starting PostgreSQL and its synchronous standby, %d NATS nodes, %d relays, %d workers and the API in %s\n", natsCount, relayCount, workerCount, dir)
 	sys, err := startSystem(ctx, cfg, dir)
 	if sys != nil {
 		defer func() {
@@ -107,6 +109,23 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("judge: %w", err)
 	}
 	res.Verdict = v
+	// An operator's view after the run, on the same multi-host URL: the
+	// primary of the last failover, the relay's slot there, the standby
+	// synchronous, nothing that needs attention.
+	status := &Check{Name: CheckStatus}
+	said, problem := sys.checkStatus(ctx, 30*time.Second)
+	if problem != "" {
+		status.add("baton status after the run: %s (%s)", problem, said)
+	}
+	res.Status = said
+	v.Checks = append(v.Checks, status)
+	failed := &Check{Name: CheckPostgresFault}
+	for _, f := range res.Faults {
+		if f.failed {
+			failed.add("%s of %s at %s: %s", f.kind, f.target, f.at.Format(time.TimeOnly), f.note)
+		}
+	}
+	v.Checks = append(v.Checks, failed)
 	// A fast shutdown of PostgreSQL that waits on a walsender forever is a
 	// relay that never confirms the end of WAL: a failure, not a figure.
 	hung := &Check{Name: CheckHungShutdown}

@@ -64,6 +64,11 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 	t.Log("\n" + summary)
 	require.True(t, res.Passed(), "every invariant holds through every kind of fault:\n%s", summary)
 	require.Len(t, res.Faults, len(chaos.AllFaults))
+	// The run went on on the promoted standby, which the processes found
+	// on their multi-host URL, with a new synchronous standby of its own.
+	require.Regexp(t, `fault postgres_failover +pg1 +pg1 killed, pg2 promoted in .*; new synchronous standby pg3`, summary)
+	require.Regexp(t, `status after the run +exit 0, server 127\.0\.0\.1:\d+ \(pg2\), timeline 2, slot \S+ read by a relay, standby pg3 streaming sync`, summary)
+	require.Regexp(t, `fault postgres_standby_pause +pg[23] +WAL receiver stopped for .*: up to [1-9]\d* commits waited`, summary)
 }
 
 // TestHarnessFailsANonAtomicFinalize runs the harness against a worker

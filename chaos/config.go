@@ -1,11 +1,12 @@
 // Package chaos is the kill test of the reference's checklist, run against
-// real processes: PostgreSQL, a three-node NATS JetStream cluster, two
-// relays, three workers and the API, each its own OS process. It drives
-// conversations through the HTTP API while it kills workers at every crash
-// point and at random moments, kills the active relay and NATS nodes,
-// restarts PostgreSQL and wipes the stream once; then, once the system has
-// settled, it judges from the database that nothing was lost and nothing
-// happened twice.
+// real processes: a PostgreSQL primary with a synchronous standby, a
+// three-node NATS JetStream cluster, two relays, three workers and the API,
+// each its own OS process. It drives conversations through the HTTP API
+// while it kills workers at every crash point and at random moments, kills
+// the active relay and NATS nodes, restarts PostgreSQL, fails it over to
+// the standby, pauses the standby and wipes the stream once; then, once the
+// system has settled, it judges from the database that nothing was lost and
+// nothing happened twice.
 package chaos
 
 import (

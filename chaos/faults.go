@@ -19,7 +19,9 @@ type FaultKind string
 
 // Fault kinds. The worker crash kinds restart a worker with BATON_CRASH_AT
 // armed at one point, so that it kills itself there; the others are
-// SIGKILLs and restarts from outside.
+// SIGKILLs and restarts from outside. The Postgres kinds hit the primary,
+// except the pause, which stops the synchronous standby's WAL receiver; a
+// failover leaves a new primary and a new standby for the next ones.
 const (
 	FaultWorkerKill               FaultKind = "worker_kill"
 	FaultCrashBeforeClaim         FaultKind = "worker_crash_" + consumer.CrashBeforeClaim
@@ -32,6 +34,8 @@ const (
 	FaultNATSNodeKill             FaultKind = "nats_node_kill"
 	FaultPostgresFast             FaultKind = "postgres_restart_fast"
 	FaultPostgresImmediate        FaultKind = "postgres_restart_immediate"
+	FaultPostgresFailover         FaultKind = "postgres_failover"
+	FaultStandbyPause             FaultKind = "postgres_standby_pause"
 	FaultStreamWipe               FaultKind = "stream_wipe"
 )
 
@@ -42,6 +46,7 @@ var AllFaults = []FaultKind{
 	FaultCrashAfterTool, FaultCrashBeforeFinalize, FaultCrashAfterFinalizeBefore,
 	FaultRelayKill, FaultNATSNodeKill,
 	FaultPostgresFast, FaultPostgresImmediate,
+	FaultPostgresFailover, FaultStandbyPause,
 	FaultStreamWipe,
 }
 
@@ -79,6 +84,8 @@ var faultWeights = map[FaultKind]int{
 	FaultNATSNodeKill:             4,
 	FaultPostgresFast:             1,
 	FaultPostgresImmediate:        1,
+	FaultPostgresFailover:         1,
+	FaultStandbyPause:             2,
 }
 
 // scheduledFault is a fault and the moment of the load it starts at.
@@ -133,6 +140,11 @@ type faultRecord struct {
 	note string
 	// hung is set when a PostgreSQL shutdown did not end by itself.
 	hung bool
+	// failed is set when a Postgres fault could not be carried out as
+	// planned (a server that did not start, a promotion or a standby that
+	// failed, a pause that held no commit up): the run did not test what
+	// it says.
+	failed bool
 	// took is how long the fault took, restart included.
 	took time.Duration
 }
@@ -230,8 +242,8 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 		if kind == FaultPostgresImmediate {
 			mode, name = pgcluster.Immediate, "immediate"
 		}
-		r.target = "postgres"
 		s.pgMu.Lock()
+		r.target = s.pgName
 		stopping := time.Now()
 		stopped := make(chan struct{})
 		go func() {
@@ -254,11 +266,16 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 		}
 		r.at = time.Now()
 		in.sleep(ctx, in.restartDelay())
-		err := s.startPostgres(ctx)
+		err := s.restartPrimary(ctx)
 		s.pgMu.Unlock()
 		if err != nil {
+			r.failed = true
 			r.note += "; START FAILED: " + firstLine(err.Error())
 		}
+	case FaultPostgresFailover:
+		in.failover(ctx, &r)
+	case FaultStandbyPause:
+		in.pauseStandby(ctx, &r)
 	case FaultStreamWipe:
 		r.target = "nats*"
 		for _, n := range s.nats {
@@ -345,25 +362,6 @@ func (in *injector) sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
-}
-
-// startPostgres starts PostgreSQL again on its port, retrying while the
-// old server's port is still held.
-func (s *system) startPostgres(ctx context.Context) error {
-	// A server stopped in immediate mode can leave backends behind for a
-	// moment, holding the port or the shared memory.
-	var err error
-	for range 60 {
-		if err = s.pg.Start(ctx); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-	return err
 }
 
 func firstLine(s string) string {

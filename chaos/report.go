@@ -45,6 +45,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 		row(c.Name, "%d", c.Count)
 	}
 	row("settled", "%v", r.Settled)
+	row("status after the run", "%s", r.Status)
 	row("longest kill -> next turn", "%s (after %s; %d faults with no turn after them)", v.LongestRecovery.Round(time.Millisecond), v.LongestRecoveryAfter, v.NoTurnAfter)
 	verdict := "PASS"
 	if !r.Passed() {

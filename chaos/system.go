@@ -33,18 +33,27 @@ const (
 	natsCount     = 3
 )
 
-// system is every process of one run: PostgreSQL, a three-node NATS
-// cluster, two relays, three workers and the API.
+// system is every process of one run: a PostgreSQL primary and its
+// synchronous standby, a three-node NATS cluster, two relays, three workers
+// and the API.
 type system struct {
 	cfg  Config
 	dir  string
 	logs string
 
-	pg      *pgcluster.Cluster
-	pgMu    sync.Mutex // held while PostgreSQL restarts
-	dbURL   string
-	pool    *pgxpool.Pool
-	natsURL string
+	// pg is the primary and standby its synchronous standby, both named
+	// (pgName, standbyName) pg1, pg2, ... in the order they were made; a
+	// failover promotes the standby and makes a new one on the dead
+	// primary's port. standby is nil only when making one failed.
+	pg          *pgcluster.Cluster
+	pgName      string
+	standby     *pgcluster.Cluster
+	standbyName string
+	pgNodes     int
+	pgMu        sync.Mutex // held while a Postgres fault runs
+	dbURL       string     // both ports, target_session_attrs=read-write
+	pool        *pgxpool.Pool
+	natsURL     string
 
 	nats      []*natsNode
 	relays    []*process
@@ -89,26 +98,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	pg, err := pgcluster.New(pgcluster.Options{
-		Dir:     filepath.Join(dir, "pg"),
-		LogFile: filepath.Join(s.logs, "postgres.log"),
-		// fsync off: the run kills processes, never the machine, whose
-		// page cache keeps what a killed server wrote. Commits still wait
-		// for their WAL write, or a restart in immediate mode would lose
-		// acknowledged transactions and the run would blame Baton.
-		Durable:  false,
-		Settings: map[string]string{"synchronous_commit": "on"},
-	})
-	if err != nil {
-		return nil, err
+	if err := s.startPostgresPair(ctx); err != nil {
+		return s, err
 	}
-	if err := pg.Init(ctx); err != nil {
-		return nil, err
-	}
-	if err := pg.Start(ctx); err != nil {
-		return nil, err
-	}
-	s.pg = pg
 	if err := s.createDatabase(ctx); err != nil {
 		return s, err
 	}
@@ -152,7 +144,7 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	s.token = strings.TrimSpace(lines[len(lines)-1])
 
-	streamFlags := []string{"--stream", streamName, "--subject-prefix", subjectPrefix, "--replicas", strconv.Itoa(natsCount)}
+	streamFlags := s.streamFlags()
 	common := []string{"--database-url", s.dbURL, "--nats-url", s.natsURL, "--log-format", "json"}
 	for i := range relayCount {
 		addr := fmt.Sprintf("127.0.0.1:%d", ports[2*natsCount+i])
@@ -209,6 +201,11 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	return s, nil
 }
 
+// streamFlags name the run's stream to a baton command.
+func (s *system) streamFlags() []string {
+	return []string{"--stream", streamName, "--subject-prefix", subjectPrefix, "--replicas", strconv.Itoa(natsCount)}
+}
+
 // createDatabase creates the run's database and its pool.
 func (s *system) createDatabase(ctx context.Context) error {
 	admin, err := pgxpool.New(ctx, s.pg.URL("postgres"))
@@ -219,7 +216,9 @@ func (s *system) createDatabase(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE baton"); err != nil {
 		return fmt.Errorf("create database: %w", err)
 	}
-	s.dbURL = s.pg.URL("baton")
+	// Every process and the harness's own pool reach whichever of the
+	// two ports is the primary, before and after a failover.
+	s.dbURL = pgcluster.MultiHostURL("baton", s.pg, s.standby)
 	s.pool, err = pgxpool.New(ctx, s.dbURL)
 	return err
 }
@@ -393,7 +392,7 @@ func (s *system) allRunning() bool {
 			return false
 		}
 	}
-	return s.pg != nil && s.pg.Running()
+	return s.pg != nil && s.pg.Running() && (s.standby == nil || s.standby.Running())
 }
 
 // unexpectedExits counts, per process, exits the harness did not cause.
@@ -427,9 +426,14 @@ func (s *system) stop() {
 	if s.pool != nil {
 		s.pool.Close()
 	}
+	s.pgMu.Lock()
+	defer s.pgMu.Unlock()
+	// The primary first: its fast shutdown sends the end of WAL to the
+	// standby.
 	if s.pg != nil {
-		s.pgMu.Lock()
 		_ = s.pg.Stop(pgcluster.Fast)
-		s.pgMu.Unlock()
+	}
+	if s.standby != nil {
+		_ = s.standby.Stop(pgcluster.Fast)
 	}
 }

@@ -69,6 +69,8 @@ const (
 	CheckRetry           = "retries that made a second turn"
 	CheckClient          = "unexpected API answers"
 	CheckHungShutdown    = "postgres shutdowns that hung"
+	CheckPostgresFault   = "postgres faults not carried out"
+	CheckStatus          = "baton status after the run"
 )
 
 func (v *Verdict) check(name string) *Check {
