@@ -148,6 +148,15 @@ func checkRelayOwnsTheOutboxStream(ctx context.Context, c *cluster) error {
 	if info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
 		return fmt.Errorf("the outbox stream should have 3 replicas with a leader, has %d (cluster %+v)", info.Config.Replicas, info.Cluster)
 	}
+	// Its metrics show every durable's backlog (relay/streamstate.go).
+	if err := relay.allowed(ctx, "relay lists the outbox stream's consumers", func(ctx context.Context) error {
+		l := stream.ListConsumers(ctx)
+		for range l.Info() {
+		}
+		return l.Err()
+	}); err != nil {
+		return err
+	}
 	longer := outboxStream
 	longer.MaxAge += time.Hour
 	if err := relay.allowed(ctx, "relay updates the outbox stream", provision(func(ctx context.Context) error {
