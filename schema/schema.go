@@ -72,5 +72,8 @@ func IsUnavailable(err error) bool {
 		}
 		return false
 	}
-	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+	// ErrConnClosed: the connection broke earlier in the same operation (a
+	// server killed mid-request), so the driver gives up on it.
+	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
