@@ -25,6 +25,10 @@ type Result struct {
 	Settled bool
 	// Status is what `baton status` said of the system after the run.
 	Status string
+	// AnswersRetried counts, by HTTP status, the API's answers after which
+	// the client sent the request again (5xx and 429; 0 is no answer):
+	// 503 while the database is away, never 500.
+	AnswersRetried map[int]int
 	// Dir holds the logs of every process; kept when the run failed.
 	Dir string
 }
@@ -152,6 +156,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.Conversations = len(plan.conversations)
 	res.Deleted = len(cl.deletedConversations())
+	res.AnswersRetried = cl.retriedAnswers()
 	res.Total = time.Since(began)
 	return res, nil
 }

@@ -154,6 +154,9 @@ type client struct {
 	deleted  map[string]time.Time
 	// errors are answers no client should get, kept for the report.
 	errors []string
+	// retried counts, by status, the answers that made the client send a
+	// request again: 5xx and 429, and 0 for no answer at all.
+	retried map[int]int
 }
 
 func newClient(base, token string) *client {
@@ -163,6 +166,7 @@ func newClient(base, token string) *client {
 		budget:   90 * time.Second,
 		deleting: map[string]bool{},
 		deleted:  map[string]time.Time{},
+		retried:  map[int]int{},
 	}
 }
 
@@ -195,8 +199,16 @@ func (c *client) do(ctx context.Context, method, path string, body any, sent fun
 			if status < 500 && status != http.StatusTooManyRequests {
 				return status, text
 			}
+			c.mu.Lock()
+			c.retried[status]++
+			c.mu.Unlock()
 		} else {
 			status, text = 0, err.Error()
+			if ctx.Err() == nil {
+				c.mu.Lock()
+				c.retried[0]++
+				c.mu.Unlock()
+			}
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return status, text
@@ -345,6 +357,17 @@ func (c *client) drive(ctx context.Context, p *loadPlan, clients int, faultsDone
 	}
 	close(work)
 	wg.Wait()
+}
+
+// retriedAnswers returns how many answers of each status were retried.
+func (c *client) retriedAnswers() map[int]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[int]int, len(c.retried))
+	for k, v := range c.retried {
+		out[k] = v
+	}
+	return out
 }
 
 // deletedConversations returns the conversations the client deleted.

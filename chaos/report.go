@@ -28,6 +28,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("time", "load %s, settle %s, total %s", r.Load.Round(time.Second), r.Settle.Round(100*time.Millisecond), r.Total.Round(time.Second))
 	row("conversations", "%d (%d deleted mid-turn)", r.Conversations, r.Deleted)
 	row("messages sent", "%d: %d accepted, %d refused (conversation deleted), %d posted more than once", r.Sent, r.Accepted, r.Rejected, r.Retried)
+	row("API answers retried", "%s", formatStatuses(r.AnswersRetried))
 	row("turns", "%d replied, %d failed visibly", v.RepliedTurns, v.FailedTurns)
 	row("messages stored", "%d user, %d assistant, %d error", v.UserMessages, v.Replies, v.Errors)
 	row("runs", "%s", formatRuns(v.Runs))
@@ -79,6 +80,26 @@ func formatRuns(m map[string]int) string {
 	var parts []string
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func formatStatuses(m map[int]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Ints(keys)
+	var parts []string
+	for _, k := range keys {
+		if k == 0 {
+			parts = append(parts, fmt.Sprintf("no answer: %d", m[k]))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%d: %d", k, m[k]))
 	}
 	return strings.Join(parts, ", ")
 }
