@@ -93,6 +93,38 @@ type ModelError struct {
 
 func (e *ModelError) Error() string { return e.Message }
 
+// reasons are the metric labels of the kinds (consumer.FailureReasoner).
+var reasons = []struct {
+	kind   error
+	reason string
+}{
+	{ErrUnsupported, "unsupported"},
+	{ErrContextTooLong, "context_too_long"},
+	{ErrContentFiltered, "content_filtered"},
+	{ErrModelRefused, "model_refused"},
+	{ErrModelAuth, "model_auth"},
+	{ErrModelNotFound, "model_not_found"},
+	{ErrEmptyReply, "empty_reply"},
+	{ErrTruncated, "truncated"},
+	{ErrMalformedResponse, "malformed_response"},
+	{ErrRateLimited, "rate_limited"},
+	{ErrModelUnavailable, "model_unavailable"},
+	{ErrModelTimeout, "model_timeout"},
+	{ErrBudgetExceeded, "budget_exceeded"},
+	{ErrContextBudget, "context_budget"},
+}
+
+// FailureReason names the kind of failure for the worker's metric
+// baton_turn_failures_total{reason}.
+func (e *ModelError) FailureReason() string {
+	for _, r := range reasons {
+		if e.Kind == r.kind {
+			return r.reason
+		}
+	}
+	return "model_other"
+}
+
 // UserText is what the user reads about the failed turn (see
 // consumer.TerminalError).
 func (e *ModelError) UserText() string { return e.User }

@@ -442,3 +442,23 @@ func userText(t *testing.T, err error) string {
 	require.True(t, errors.As(err, &u), "%v has no text for the user", err)
 	return u.UserText()
 }
+
+// TestEachKindOfFailureHasItsOwnMetricReason: the worker counts failed
+// attempts by reason; each kind names a different one.
+func TestEachKindOfFailureHasItsOwnMetricReason(t *testing.T) {
+	kinds := []error{agent.ErrModelRefused, agent.ErrModelAuth, agent.ErrModelNotFound, agent.ErrUnsupported,
+		agent.ErrContextTooLong, agent.ErrContentFiltered, agent.ErrEmptyReply, agent.ErrTruncated,
+		agent.ErrMalformedResponse, agent.ErrRateLimited, agent.ErrModelUnavailable, agent.ErrModelTimeout,
+		agent.ErrBudgetExceeded, agent.ErrContextBudget}
+	seen := map[string]error{}
+	for _, k := range kinds {
+		var r consumer.FailureReasoner = &agent.ModelError{Kind: k, Message: "m"}
+		reason := r.FailureReason()
+		require.Regexp(t, `^[a-z_]+$`, reason)
+		require.NotEqual(t, "model_other", reason, "%v has no reason of its own", k)
+		require.NotContains(t, seen, reason, "%v and %v share a reason", k, seen[reason])
+		seen[reason] = k
+	}
+	var rl consumer.FailureReasoner = &agent.RateLimitError{ModelError: &agent.ModelError{Kind: agent.ErrRateLimited}}
+	require.Equal(t, "rate_limited", rl.FailureReason())
+}

@@ -70,6 +70,54 @@ func retryAfter(err error) time.Duration {
 	return 0
 }
 
+// FailureReasoner is an agent error that names its kind of failure for
+// the metric baton_turn_failures_total{reason}: a short snake_case word
+// from a small fixed set ("rate_limited", "model_auth", ...), never text
+// that varies from one error to the next.
+type FailureReasoner interface {
+	error
+	FailureReason() string
+}
+
+// Failure reasons the turn runner knows itself; an agent error without a
+// reason of its own counts as ReasonOther.
+const (
+	ReasonTurnTimeout = "turn_timeout"
+	ReasonUnknownTool = "unknown_tool"
+	ReasonSuperseded  = "write_before_superseded"
+	ReasonOther       = "other"
+)
+
+// failureReason returns the metric label of a failed attempt's cause.
+func failureReason(err error) string {
+	var r FailureReasoner
+	switch {
+	case errors.Is(err, ErrTurnTimeout):
+		return ReasonTurnTimeout
+	case errors.Is(err, ErrUnknownTool):
+		return ReasonUnknownTool
+	case errors.Is(err, errSuperseded):
+		return ReasonSuperseded
+	case errors.As(err, &r) && validReason(r.FailureReason()):
+		return r.FailureReason()
+	}
+	return ReasonOther
+}
+
+// validReason keeps a label short and plain: what is not becomes
+// ReasonOther, so an agent cannot fill the metric with arbitrary text.
+func validReason(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // Effect says whether a tool changes the world. Recovery depends on it: an
 // interrupted attempt that started a write is never re-run silently.
 type Effect = schema.Effect

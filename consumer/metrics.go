@@ -8,6 +8,7 @@ import (
 type metrics struct {
 	turnsStarted   prometheus.Counter
 	turnsFinished  *prometheus.CounterVec // by outcome: replied, retried, failed, cancelled, abandoned
+	failures       *prometheus.CounterVec // failed attempts, by reason
 	attempts       prometheus.Histogram
 	insertToClaim  prometheus.Histogram
 	insertToFinal  prometheus.Histogram
@@ -29,6 +30,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		turnsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, retried, failed, cancelled, abandoned).",
 		}, []string{"outcome"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_turn_failures_total", Help: "Failed attempts of turns, retried or not, by reason (the agent's kind of failure: rate_limited, model_unavailable, model_auth, ...; turn_timeout; other).",
+		}, []string{"reason"}),
 		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "baton_turn_attempts", Help: "Attempt number of each claimed turn.", Buckets: []float64{1, 2, 3, 4, 5, 10},
 		}),
@@ -68,10 +72,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{"retry", "failed"} {
 		m.recoveries.WithLabelValues(o)
 	}
+	for _, r := range []string{ReasonTurnTimeout, ReasonOther} {
+		m.failures.WithLabelValues(r)
+	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.attempts, m.insertToClaim, m.insertToFinal,
+	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.failures, m.attempts, m.insertToClaim, m.insertToFinal,
 		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

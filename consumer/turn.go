@@ -389,6 +389,7 @@ func (w *Worker) abandoned(ctx context.Context, log zerolog.Logger, batch []jets
 // failAttempt records a failed attempt: back to pending and announced again
 // under the cap, a visible error at it, in one transaction.
 func (w *Worker) failAttempt(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, cause error) {
+	w.metrics.failures.WithLabelValues(failureReason(cause)).Inc()
 	var out schema.FailOutcome
 	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		var err error

@@ -2,10 +2,12 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	batonnats "github.com/batonhq/baton/nats"
@@ -134,4 +136,51 @@ func TestAShutdownRecordsItsOwnReason(t *testing.T) {
 	var reason string
 	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT error FROM agent_runs`).Scan(&reason))
 	require.Equal(t, schema.RecoveryReasonShutdown, reason)
+}
+
+// reasonErr is an agent failure that names its kind.
+type reasonErr struct{ reason string }
+
+func (e reasonErr) Error() string         { return "the model failed: " + e.reason }
+func (e reasonErr) FailureReason() string { return e.reason }
+
+// TestFailedAttemptsAreCountedByTheirReason: each failed attempt counts
+// once under the reason its error names; an error without one, or with a
+// reason that is not a short plain word, counts as "other".
+func TestFailedAttemptsAreCountedByTheirReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fail := func(err error) func() (Reply, error) { return func() (Reply, error) { return Reply{}, err } }
+	agent := &scriptedAgent{
+		steps: map[string][]func() (Reply, error){
+			b.Conversation("busy"):  {fail(reasonErr{"rate_limited"}), fail(reasonErr{"rate_limited"})},
+			b.Conversation("plain"): {fail(errors.New("no reason given"))},
+			b.Conversation("noisy"): {fail(reasonErr{"Model said: 'no' at 12:00"})},
+		},
+		starts: map[string][]time.Time{},
+	}
+	reg := prometheus.NewRegistry()
+	cfg := b.testConfig()
+	cfg.Agent = agent
+	cfg.MaxAttempts = 5
+	cfg.Registerer = reg
+	b.startWorker(cfg)
+	for _, c := range []string{"busy", "plain", "noisy"} {
+		b.Send(c, c+"-1", "hello")
+	}
+	b.settled(30 * time.Second)
+	require.Equal(t, 3, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "every turn answered in the end")
+
+	got := map[string]float64{}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "baton_turn_failures_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, map[string]float64{"rate_limited": 2, ReasonOther: 2, ReasonTurnTimeout: 0}, got)
 }
