@@ -1,7 +1,6 @@
 package deploy_test
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/deploy/deploytest"
 	"github.com/batonhq/baton/internal/cli"
 )
 
@@ -107,85 +107,20 @@ func kubernetesInvocations(t *testing.T, dir string) []invocation {
 	return out
 }
 
-// unit is a systemd unit file's settings, in order, drop-ins included.
-type unit struct {
-	name     string
-	settings [][2]string
-}
-
-func (u unit) all(key string) []string {
-	var out []string
-	for _, kv := range u.settings {
-		if kv[0] == key {
-			out = append(out, kv[1])
-		}
-	}
-	return out
-}
-
-// readUnit reads a unit file and its drop-ins (<unit>.d/*.conf), with %i
-// replaced by instance.
-func readUnit(t *testing.T, dir, file, instance string) unit {
-	t.Helper()
-	name := strings.Replace(file, "@.", "@"+instance+".", 1)
-	u := unit{name: name}
-	paths := []string{filepath.Join(dir, file)}
-	dropins, err := filepath.Glob(filepath.Join(dir, name+".d", "*.conf"))
-	require.NoError(t, err)
-	for _, p := range append(paths, dropins...) {
-		f, err := os.Open(p)
-		require.NoError(t, err)
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "[") {
-				continue
-			}
-			k, v, ok := strings.Cut(line, "=")
-			require.True(t, ok, "%s: %q is not Key=Value", p, line)
-			u.settings = append(u.settings, [2]string{k, strings.ReplaceAll(v, "%i", instance)})
-		}
-		require.NoError(t, sc.Err())
-		f.Close()
-	}
-	return u
-}
-
 // systemdUnits reads the units of dir, the template once per group.
-func systemdUnits(t *testing.T, dir string) []unit {
+func systemdUnits(t *testing.T, dir string) []deploytest.Unit {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.service"))
+	units, err := deploytest.Units(dir, "audit", "webhook")
 	require.NoError(t, err)
-	var out []unit
-	for _, f := range files {
-		file := filepath.Base(f)
-		if strings.Contains(file, "@.") {
-			for _, instance := range []string{"audit", "webhook"} {
-				out = append(out, readUnit(t, dir, file, instance))
-			}
-			continue
-		}
-		out = append(out, readUnit(t, dir, file, ""))
-	}
-	return out
+	return units
 }
 
 // envFile reads the KEY=VALUE lines of an environment file.
 func envFile(t *testing.T, path string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	env, err := deploytest.ReadEnvFile(path)
 	require.NoError(t, err)
-	out := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		require.True(t, ok, "%s: %q is not KEY=VALUE", path, line)
-		out[k] = v
-	}
-	return out
+	return env
 }
 
 // systemdInvocations are the units of dir with their environment: the
@@ -195,19 +130,23 @@ func systemdInvocations(t *testing.T, dir string) []invocation {
 	t.Helper()
 	var out []invocation
 	for _, u := range systemdUnits(t, dir) {
-		exec := u.all("ExecStart")
-		require.Len(t, exec, 1, u.name)
+		exec := u.All("ExecStart")
+		require.Len(t, exec, 1, u.Name)
 		fields := strings.Fields(exec[0])
-		require.Equal(t, "/usr/local/bin/baton", fields[0], "%s runs the installed binary", u.name)
-		inv := invocation{where: u.name, args: fields[1:], env: map[string]string{}}
-		for _, e := range u.all("Environment") {
-			k, _, _ := strings.Cut(e, "=")
-			inv.env[k] = u.name
+		require.Equal(t, "/usr/local/bin/baton", fields[0], "%s runs the installed binary", u.Name)
+		inv := invocation{where: u.Name, args: fields[1:], env: map[string]string{}}
+		for _, line := range u.All("Environment") {
+			assignments, err := deploytest.Assignments(line)
+			require.NoError(t, err, u.Name)
+			for _, e := range assignments {
+				k, _, _ := strings.Cut(e, "=")
+				inv.env[k] = u.Name
+			}
 		}
-		for _, f := range u.all("EnvironmentFile") {
+		for _, f := range u.All("EnvironmentFile") {
 			optional := strings.HasPrefix(f, "-")
 			f = strings.TrimPrefix(f, "-")
-			require.True(t, strings.HasPrefix(f, "/etc/baton/"), "%s: environment files live in /etc/baton", u.name)
+			require.True(t, strings.HasPrefix(f, "/etc/baton/"), "%s: environment files live in /etc/baton", u.Name)
 			local := filepath.Join(dir, "env", filepath.Base(f))
 			if _, err := os.Stat(local); err != nil && optional {
 				continue
@@ -312,41 +251,41 @@ func TestSystemdUnitsAreHardenedAndTakeSecretsAsCredentials(t *testing.T) {
 	}
 	for _, u := range systemdUnits(t, "systemd") {
 		one := func(key string) string {
-			v := u.all(key)
-			require.Len(t, v, 1, "%s sets %s once", u.name, key)
+			v := u.All(key)
+			require.Len(t, v, 1, "%s sets %s once", u.Name, key)
 			return v[0]
 		}
-		require.Equal(t, "yes", one("DynamicUser"), u.name)
-		require.True(t, strings.HasPrefix(one("User"), "baton-"), u.name)
-		require.Equal(t, "yes", one("NoNewPrivileges"), u.name)
-		require.Equal(t, "strict", one("ProtectSystem"), u.name)
-		require.Equal(t, "yes", one("ProtectHome"), u.name)
-		require.Equal(t, "yes", one("PrivateTmp"), u.name)
-		require.Equal(t, "", one("CapabilityBoundingSet"), "%s has no capability", u.name)
+		require.Equal(t, "yes", one("DynamicUser"), u.Name)
+		require.True(t, strings.HasPrefix(one("User"), "baton-"), u.Name)
+		require.Equal(t, "yes", one("NoNewPrivileges"), u.Name)
+		require.Equal(t, "strict", one("ProtectSystem"), u.Name)
+		require.Equal(t, "yes", one("ProtectHome"), u.Name)
+		require.Equal(t, "yes", one("PrivateTmp"), u.Name)
+		require.Equal(t, "", one("CapabilityBoundingSet"), "%s has no capability", u.Name)
 		if one("Type") == "oneshot" {
-			require.Empty(t, u.all("Restart"), u.name)
+			require.Empty(t, u.All("Restart"), u.Name)
 		} else {
-			require.Equal(t, "on-failure", one("Restart"), u.name)
-			require.NotEmpty(t, one("RestartSec"), u.name)
+			require.Equal(t, "on-failure", one("Restart"), u.Name)
+			require.NotEmpty(t, one("RestartSec"), u.Name)
 		}
 		credentials := map[string]bool{}
-		for _, c := range u.all("LoadCredential") {
+		for _, c := range u.All("LoadCredential") {
 			id, source, ok := strings.Cut(c, ":")
-			require.True(t, ok, "%s: LoadCredential=%s names a file", u.name, c)
-			require.True(t, strings.HasPrefix(source, "/etc/baton/credentials/"), "%s: credentials live in /etc/baton/credentials", u.name)
+			require.True(t, ok, "%s: LoadCredential=%s names a file", u.Name, c)
+			require.True(t, strings.HasPrefix(source, "/etc/baton/credentials/"), "%s: credentials live in /etc/baton/credentials", u.Name)
 			credentials[id] = true
 		}
 		var files []string
-		for _, e := range u.all("Environment") {
+		for _, e := range u.All("Environment") {
 			k, v, _ := strings.Cut(e, "=")
-			require.NotContains(t, secretVariables, k, "%s sets a secret as a value", u.name)
+			require.NotContains(t, secretVariables, k, "%s sets a secret as a value", u.Name)
 			if strings.HasSuffix(k, "_FILE") || k == "BATON_NATS_NKEY_SEED" {
-				require.True(t, strings.HasPrefix(v, "%d/"), "%s: %s names a credential (%%d/<id>)", u.name, k)
-				require.True(t, credentials[strings.TrimPrefix(v, "%d/")], "%s: %s names credential %s, which the unit loads", u.name, k, v)
+				require.True(t, strings.HasPrefix(v, "%d/"), "%s: %s names a credential (%%d/<id>)", u.Name, k)
+				require.True(t, credentials[strings.TrimPrefix(v, "%d/")], "%s: %s names credential %s, which the unit loads", u.Name, k, v)
 				files = append(files, k)
 			}
 		}
-		require.Contains(t, files, "BATON_DATABASE_URL_FILE", u.name)
-		require.Len(t, files, len(credentials), "%s: every credential it loads is named by a variable", u.name)
+		require.Contains(t, files, "BATON_DATABASE_URL_FILE", u.Name)
+		require.Len(t, files, len(credentials), "%s: every credential it loads is named by a variable", u.Name)
 	}
 }

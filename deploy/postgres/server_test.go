@@ -6,7 +6,6 @@
 package postgres_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -23,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/batonhq/baton/deploy/deploytest"
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/internal/testenv"
 )
@@ -51,10 +51,6 @@ func TestMain(m *testing.M) {
 // variable; the first five are required, the last two optional.
 var components = []string{"migrator", "api", "worker", "relay", "group", "status", "admin"}
 
-// hbaNetwork is the address range of pg_hba.conf, which the test replaces
-// with the loopback address the server listens on.
-const hbaNetwork = "10.0.0.0/8"
-
 // maxDatabases bounds the databases the tests make: each gets a name of
 // its own, baton_1 to baton_<max>, which take the place of the database
 // name baton in pg_hba.conf.
@@ -78,7 +74,7 @@ func startServer(t *testing.T) *pgcluster.Cluster {
 	serverOnce.Do(func() {
 		settings := map[string]string{}
 		for _, f := range []string{"baton.conf", "tls.conf"} {
-			kv, err := readConf(f)
+			kv, err := deploytest.ReadConf(f)
 			if err != nil {
 				serverErr = err
 				return
@@ -90,7 +86,13 @@ func startServer(t *testing.T) *pgcluster.Cluster {
 				settings[k] = v
 			}
 		}
-		hba, err := readHBA("pg_hba.conf")
+		// The lines of pg_hba.conf, with the loopback address in place of
+		// the example network and the tests' databases in place of baton.
+		names := make([]string, maxDatabases)
+		for i := range names {
+			names[i] = fmt.Sprintf("baton_%d", i+1)
+		}
+		hba, err := deploytest.ReadHBA("pg_hba.conf", names...)
 		if err != nil {
 			serverErr = err
 			return
@@ -126,68 +128,6 @@ func startServer(t *testing.T) *pgcluster.Cluster {
 		t.Fatalf("start PostgreSQL from deploy/postgres: %v", serverErr)
 	}
 	return server
-}
-
-// readConf reads name = value lines of a postgresql.conf include.
-func readConf(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, value, ok := strings.Cut(line, "=")
-		if !ok {
-			return nil, fmt.Errorf("%s: %q is not name = value", path, line)
-		}
-		value = strings.TrimSpace(value)
-		if strings.HasPrefix(value, "'") {
-			end := strings.Index(value[1:], "'")
-			if end < 0 {
-				return nil, fmt.Errorf("%s: %q has an unterminated quote", path, line)
-			}
-			value = value[1 : end+1]
-		} else if i := strings.Index(value, "#"); i >= 0 {
-			value = strings.TrimSpace(value[:i])
-		}
-		out[strings.TrimSpace(name)] = value
-	}
-	return out, sc.Err()
-}
-
-// readHBA returns the lines of pg_hba.conf that are not comments, with the
-// example network replaced by the loopback address.
-func readHBA(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		fields := strings.Fields(line)
-		if len(fields) > 1 && fields[1] == "baton" {
-			names := make([]string, maxDatabases)
-			for i := range names {
-				names[i] = fmt.Sprintf("baton_%d", i+1)
-			}
-			line = strings.Replace(line, " baton ", " "+strings.Join(names, ",")+" ", 1)
-		}
-		out = append(out, strings.ReplaceAll(line, hbaNetwork, "127.0.0.1/32"))
-	}
-	if !strings.Contains(string(b), hbaNetwork) {
-		return nil, fmt.Errorf("%s does not use the example network %s the test replaces", path, hbaNetwork)
-	}
-	return out, nil
 }
 
 func randomPassword() string {
