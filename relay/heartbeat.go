@@ -61,6 +61,14 @@ func (r *Relay) observeSlot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	switch {
+	case !p.Recorded && !r.progressUnrecorded:
+		r.progressUnrecorded = true
+		r.log.Warn().Str("slot", r.cfg.Slot).Msg("the slot's progress cannot be recorded in relay_slot_progress (the table is missing, or this database role may not write it): baton status cannot tell a stalled slot; run `baton migrate`, which creates the table and grants baton_relay what it needs")
+	case p.Recorded && r.progressUnrecorded:
+		r.progressUnrecorded = false
+		r.log.Info().Str("slot", r.cfg.Slot).Msg("the slot's progress is recorded again")
+	}
 	r.metrics.slotLag.Set(float64(p.LagBytes))
 	r.metrics.retainedWAL.Set(float64(p.RetainedBytes))
 	r.metrics.slotStalled.Set(p.Stalled.Seconds())

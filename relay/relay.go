@@ -47,6 +47,9 @@ type Relay struct {
 	// What observeStream last saw (heartbeat loop only).
 	consumersSeen       map[string]bool
 	consumerListRefused bool
+	// progressUnrecorded is true once the slot's progress could not be
+	// recorded, warned about once (heartbeat loop only).
+	progressUnrecorded bool
 
 	// onAck, when set, sees every acknowledged event: the benchmark
 	// measures commit-to-ack latency with it.

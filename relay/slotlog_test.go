@@ -74,3 +74,33 @@ func TestAFirstStartLogsSlotCreatedAtInfoAndOnlyAVanishedSlotWarns(t *testing.T)
 	require.Len(t, second.with(`"level":"warn"`, `"cause":"missing"`, "slot (re)created"), 1, "a slot that vanished warns")
 	require.Empty(t, second.with(`"message":"slot created"`))
 }
+
+// TestASlotWhoseProgressCannotBeRecordedIsWarnedAboutOnce: without its
+// table (or the right to write it) the relay runs on, warns once that
+// status cannot see a stalled slot, and says when it records again.
+func TestASlotWhoseProgressCannotBeRecordedIsWarnedAboutOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `ALTER TABLE relay_slot_progress RENAME TO relay_slot_progress_away`)
+	require.NoError(t, err)
+	logs := &logLines{}
+	r, err := New(b.cfg, b.pool, b.relayConn(t), zerolog.New(logs))
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	waitActive(t, r)
+	unrecorded := func() []string { return logs.with(`"level":"warn"`, "cannot be recorded in relay_slot_progress", "baton migrate") }
+	require.Eventually(t, func() bool { return len(unrecorded()) == 1 }, 30*time.Second, 10*time.Millisecond, "the relay warns that it cannot record the slot")
+
+	_, err = b.pool.Exec(ctx, `ALTER TABLE relay_slot_progress_away RENAME TO relay_slot_progress`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.slotRecorded(ctx) }, 30*time.Second, 10*time.Millisecond, "the relay records its slot again")
+	require.Eventually(t, func() bool { return len(logs.with(`"level":"info"`, "recorded again")) == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Len(t, unrecorded(), 1, "warned once, not at every heartbeat")
+}
