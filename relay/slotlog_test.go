@@ -95,7 +95,9 @@ func TestASlotWhoseProgressCannotBeRecordedIsWarnedAboutOnce(t *testing.T) {
 		require.NoError(t, <-done)
 	}()
 	waitActive(t, r)
-	unrecorded := func() []string { return logs.with(`"level":"warn"`, "cannot be recorded in relay_slot_progress", "baton migrate") }
+	unrecorded := func() []string {
+		return logs.with(`"level":"warn"`, "cannot be recorded in relay_slot_progress", "baton migrate")
+	}
 	require.Eventually(t, func() bool { return len(unrecorded()) == 1 }, 30*time.Second, 10*time.Millisecond, "the relay warns that it cannot record the slot")
 
 	_, err = b.pool.Exec(ctx, `ALTER TABLE relay_slot_progress_away RENAME TO relay_slot_progress`)
