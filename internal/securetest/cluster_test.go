@@ -151,10 +151,10 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	for _, u := range natsdeploy.Users {
 		secrets = append(secrets, fileSecret(t, "nkey seed of "+u.Name, c.SeedFile(u.Name)))
 	}
-	secrets = append(secrets, secret{name: "API token", value: token})
+	secrets = append(secrets, secret{Name: "API token", Value: token})
 	ps.requireNoSecret(t, secrets, func(p *process, l outputLine, s secret) bool {
 		// The one place a token is shown: when it is made.
-		return p == tokenRun && l.stream == "stdout" && s.value == token
+		return p == tokenRun && l.stream == "stdout" && s.Value == token
 	})
 }
 

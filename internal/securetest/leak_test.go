@@ -56,11 +56,11 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	step("the binary is ready")
 
 	secrets := []secret{
-		{name: "NATS password", value: natsPassword},
-		{name: "database password", value: dbPassword},
-		{name: "JWT of the .creds file", value: creds.jwt},
-		{name: "signature of the .creds file's JWT", value: creds.jwt[strings.LastIndex(creds.jwt, ".")+1:]},
-		{name: "seed of the .creds file", value: creds.seed},
+		{Name: "NATS password", Value: natsPassword},
+		{Name: "database password", Value: dbPassword},
+		{Name: "JWT of the .creds file", Value: creds.jwt},
+		{Name: "signature of the .creds file's JWT", Value: creds.jwt[strings.LastIndex(creds.jwt, ".")+1:]},
+		{Name: "seed of the .creds file", Value: creds.seed},
 		fileSecret(t, "nkey seed", nkeySeedFile),
 	}
 	var (
@@ -119,8 +119,8 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	wrongNATSPassword := "nats:" + randomText(t) + "@/%"
 	wrongDBPassword := "pg:" + randomText(t) + "@/#?&%"
 	secrets = append(secrets,
-		secret{name: "wrong NATS password", value: wrongNATSPassword},
-		secret{name: "wrong database password", value: wrongDBPassword})
+		secret{Name: "wrong NATS password", Value: wrongNATSPassword},
+		secret{Name: "wrong database password", Value: wrongDBPassword})
 	nowhere, err := pgcluster.FreePort()
 	require.NoError(t, err)
 	t.Run("failing", func(t *testing.T) {
@@ -173,12 +173,12 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	step("every process stopped")
 	for _, tok := range tokens {
 		lines := strings.Split(strings.TrimSpace(tok.text("stdout")), "\n")
-		secrets = append(secrets, secret{name: "API token", value: lines[len(lines)-1]})
+		secrets = append(secrets, secret{Name: "API token", Value: lines[len(lines)-1]})
 	}
 	ps.requireNoSecret(t, secrets, func(p *process, l outputLine, s secret) bool {
 		// Each token is shown where it is made, and nowhere else.
 		for _, tok := range tokens {
-			if p == tok && l.stream == "stdout" && s.name == "API token" && strings.Contains(l.text, s.value) {
+			if p == tok && l.stream == "stdout" && s.Name == "API token" && strings.Contains(l.text, s.Value) {
 				return true
 			}
 		}
