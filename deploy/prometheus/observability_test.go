@@ -2,7 +2,6 @@ package prometheus_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -291,25 +289,8 @@ type process struct {
 	name, job string
 	metrics   string
 	cmd       *exec.Cmd
-	logs      *syncBuffer
+	logs      *testenv.SyncBuffer
 	done      chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func freeAddr(t *testing.T) string {
@@ -325,7 +306,7 @@ func freeAddr(t *testing.T) string {
 func start(t *testing.T, bin string, env []string, name, job string, args ...string) *process {
 	t.Helper()
 	addr := freeAddr(t)
-	p := &process{name: name, job: job, metrics: "http://" + addr + "/metrics", logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &process{name: name, job: job, metrics: "http://" + addr + "/metrics", logs: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append(args, "--metrics-addr", addr)...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs

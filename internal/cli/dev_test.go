@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,25 +18,8 @@ import (
 
 	"github.com/batonhq/baton/internal/cli"
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/internal/testenv"
 )
-
-// syncBuffer is a buffer that a running command and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func freePort(t *testing.T) int {
 	p, err := pgcluster.FreePort()
@@ -47,10 +29,10 @@ func freePort(t *testing.T) int {
 
 // startDev runs `baton dev` until the returned stop is called, and waits
 // until it answers.
-func startDev(t *testing.T, dir string, httpPort, pgPort, natsPort int) (base string, stdout *syncBuffer, stop func() error) {
+func startDev(t *testing.T, dir string, httpPort, pgPort, natsPort int) (base string, stdout *testenv.SyncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &testenv.SyncBuffer{}, &testenv.SyncBuffer{}
 	done := make(chan error, 1)
 	base = fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	go func() {

@@ -103,24 +103,6 @@ func (rc *receiver) find(name, traceID string) []span {
 	return out
 }
 
-// syncBuffer collects log lines written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func traceParent(i int) (header, traceID string) {
 	traceID = fmt.Sprintf("%032x", 0xba7000+i)
 	return "00-" + traceID + "-" + fmt.Sprintf("%016x", 0x51+i) + "-01", traceID
@@ -153,7 +135,7 @@ func TestOneMessageIsOneTraceAcrossTheBroker(t *testing.T) {
 	_, _, err = batonnats.ProvisionEventsStream(ctx, b.JS, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
 	w, err := consumer.New(consumer.Config{
 		Pool: b.DB.Pool, JetStream: b.JS, Stream: b.Stream, Agent: consumer.Echo{Directives: true},
