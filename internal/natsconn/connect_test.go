@@ -18,24 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/natsconn"
+	"github.com/batonhq/baton/internal/testenv"
 )
-
-// startServer starts an in-process NATS server on a random port, set up by
-// configure, and returns its host:port. It stops when t ends.
-func startServer(t *testing.T, configure func(*server.Options)) string {
-	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true}
-	configure(opts)
-	s, err := server.NewServer(opts)
-	require.NoError(t, err)
-	go s.Start()
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	require.True(t, s.ReadyForConnections(10*time.Second), "the NATS server did not accept clients within 10s")
-	return s.Addr().String()
-}
 
 // roundTrip proves the connection works: a message published on it comes
 // back to a subscription on it.
@@ -51,7 +35,7 @@ func roundTrip(t *testing.T, nc *nats.Conn) {
 
 func TestConnectWithUserAndPasswordInTheURL(t *testing.T) {
 	t.Parallel()
-	addr := startServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
+	addr := testenv.NATSServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
 
 	nc, err := natsconn.Connect(natsconn.Options{URL: "nats://baton:pa55-word@" + addr, Name: "natsconn test"})
 	require.NoError(t, err)
@@ -61,7 +45,7 @@ func TestConnectWithUserAndPasswordInTheURL(t *testing.T) {
 
 func TestConnectWithATokenInTheURL(t *testing.T) {
 	t.Parallel()
-	addr := startServer(t, func(o *server.Options) { o.Authorization = "t0ken-s3cret" })
+	addr := testenv.NATSServer(t, func(o *server.Options) { o.Authorization = "t0ken-s3cret" })
 
 	nc, err := natsconn.Connect(natsconn.Options{URL: "nats://t0ken-s3cret@" + addr})
 	require.NoError(t, err)
@@ -75,15 +59,10 @@ func TestConnectWithATokenInTheURL(t *testing.T) {
 
 func TestConnectWithAnNKeySeedFile(t *testing.T) {
 	t.Parallel()
-	kp, err := nkeys.CreateUser()
-	require.NoError(t, err)
-	pub, err := kp.PublicKey()
-	require.NoError(t, err)
-	seed, err := kp.Seed()
-	require.NoError(t, err)
+	pub, seed := testenv.NKeyUser(t)
 	seedFile := filepath.Join(t.TempDir(), "worker.nk")
 	require.NoError(t, os.WriteFile(seedFile, seed, 0o600))
-	addr := startServer(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
+	addr := testenv.NATSServer(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
 
 	nc, err := natsconn.Connect(natsconn.Options{URL: "nats://" + addr, NKeySeedFile: seedFile})
 	require.NoError(t, err)
@@ -91,10 +70,7 @@ func TestConnectWithAnNKeySeedFile(t *testing.T) {
 	roundTrip(t, nc)
 
 	// A seed the server does not list is refused.
-	other, err := nkeys.CreateUser()
-	require.NoError(t, err)
-	otherSeed, err := other.Seed()
-	require.NoError(t, err)
+	_, otherSeed := testenv.NKeyUser(t)
 	otherFile := filepath.Join(t.TempDir(), "other.nk")
 	require.NoError(t, os.WriteFile(otherFile, otherSeed, 0o600))
 	_, err = natsconn.Connect(natsconn.Options{URL: "nats://" + addr, NKeySeedFile: otherFile})
@@ -104,54 +80,11 @@ func TestConnectWithAnNKeySeedFile(t *testing.T) {
 
 func TestConnectWithACredsFileToAServerInOperatorMode(t *testing.T) {
 	t.Parallel()
-	operator, err := nkeys.CreateOperator()
-	require.NoError(t, err)
-	operatorPub, err := operator.PublicKey()
-	require.NoError(t, err)
-	operatorClaims := jwt.NewOperatorClaims(operatorPub)
-	operatorClaims.Name = "baton-test"
+	operator := testenv.NewNATSOperator(t)
+	user := operator.User(t, "worker")
+	addr := testenv.NATSServer(t, operator.Configure)
 
-	resolver := &server.MemAccResolver{}
-	newAccount := func(name string) (nkeys.KeyPair, string) {
-		kp, err := nkeys.CreateAccount()
-		require.NoError(t, err)
-		pub, err := kp.PublicKey()
-		require.NoError(t, err)
-		claims := jwt.NewAccountClaims(pub)
-		claims.Name = name
-		token, err := claims.Encode(operator)
-		require.NoError(t, err)
-		require.NoError(t, resolver.Store(pub, token))
-		return kp, pub
-	}
-	_, sysPub := newAccount("SYS")
-	account, _ := newAccount("BATON")
-	operatorClaims.SystemAccount = sysPub
-	_, err = operatorClaims.Encode(operator)
-	require.NoError(t, err)
-
-	user, err := nkeys.CreateUser()
-	require.NoError(t, err)
-	userPub, err := user.PublicKey()
-	require.NoError(t, err)
-	userClaims := jwt.NewUserClaims(userPub)
-	userClaims.Name = "worker"
-	userJWT, err := userClaims.Encode(account)
-	require.NoError(t, err)
-	userSeed, err := user.Seed()
-	require.NoError(t, err)
-	creds, err := jwt.FormatUserConfig(userJWT, userSeed)
-	require.NoError(t, err)
-	credsFile := filepath.Join(t.TempDir(), "worker.creds")
-	require.NoError(t, os.WriteFile(credsFile, creds, 0o600))
-
-	addr := startServer(t, func(o *server.Options) {
-		o.TrustedOperators = []*jwt.OperatorClaims{operatorClaims}
-		o.AccountResolver = resolver
-		o.SystemAccount = sysPub
-	})
-
-	nc, err := natsconn.Connect(natsconn.Options{URL: "nats://" + addr, CredsFile: credsFile})
+	nc, err := natsconn.Connect(natsconn.Options{URL: "nats://" + addr, CredsFile: user.File})
 	require.NoError(t, err)
 	defer nc.Close()
 	roundTrip(t, nc)
@@ -163,15 +96,15 @@ func TestConnectWithACredsFileToAServerInOperatorMode(t *testing.T) {
 	// A user signed by an account the operator never issued is refused.
 	rogue, err := nkeys.CreateAccount()
 	require.NoError(t, err)
-	rogueJWT, err := userClaims.Encode(rogue)
+	rogueJWT, err := user.Claims.Encode(rogue)
 	require.NoError(t, err)
-	rogueCreds, err := jwt.FormatUserConfig(rogueJWT, userSeed)
+	rogueCreds, err := jwt.FormatUserConfig(rogueJWT, user.Seed)
 	require.NoError(t, err)
 	rogueFile := filepath.Join(t.TempDir(), "rogue.creds")
 	require.NoError(t, os.WriteFile(rogueFile, rogueCreds, 0o600))
 	_, err = natsconn.Connect(natsconn.Options{URL: "nats://" + addr, CredsFile: rogueFile})
 	require.Error(t, err, "a user JWT from an unknown account must be refused")
-	require.NotContains(t, err.Error(), string(userSeed))
+	require.NotContains(t, err.Error(), string(user.Seed))
 	require.NotContains(t, err.Error(), rogueJWT)
 }
 
@@ -183,7 +116,7 @@ func tlsServer(t *testing.T, ca *testCA, verify bool) string {
 	cert, key := ca.issue(t, "server", x509.ExtKeyUsageServerAuth)
 	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key, CaFile: ca.File, Verify: verify, Timeout: 2})
 	require.NoError(t, err)
-	return startServer(t, func(o *server.Options) {
+	return testenv.NATSServer(t, func(o *server.Options) {
 		o.TLSConfig = tc
 		o.TLSVerify = verify
 		o.TLSTimeout = 2
@@ -246,7 +179,7 @@ func TestConnectWithMutualTLS(t *testing.T) {
 
 func TestConnectWithoutCredentialsIsRefused(t *testing.T) {
 	t.Parallel()
-	addr := startServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
+	addr := testenv.NATSServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
 
 	_, err := natsconn.Connect(natsconn.Options{URL: "nats://" + addr})
 	require.ErrorIs(t, err, nats.ErrAuthorization)
@@ -270,7 +203,7 @@ func TestExplainScrubsAReconnectErrorAndSaysWhatToCheck(t *testing.T) {
 
 func TestConnectWithAWrongPasswordIsRefusedAndTheErrorHoldsNoPassword(t *testing.T) {
 	t.Parallel()
-	addr := startServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
+	addr := testenv.NATSServer(t, func(o *server.Options) { o.Username, o.Password = "baton", "pa55-word" })
 
 	for _, pass := range []string{"wr0ng-pa55", "wr%40ng%2Cpa55"} {
 		u := "nats://baton:" + pass + "@" + addr
@@ -307,7 +240,7 @@ func TestConnectErrorRedactsEveryURL(t *testing.T) {
 // subscription to the default inbox without it.
 func TestInboxPrefixKeepsRepliesPrivate(t *testing.T) {
 	t.Parallel()
-	addr := startServer(t, func(o *server.Options) {
+	addr := testenv.NATSServer(t, func(o *server.Options) {
 		o.Users = []*server.User{
 			{Username: "worker", Password: "w", Permissions: &server.Permissions{
 				Publish:   &server.SubjectPermission{Allow: []string{"svc.time"}},
