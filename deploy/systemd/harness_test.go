@@ -33,7 +33,9 @@ import (
 	"github.com/batonhq/baton/deploy/deploytest"
 	"github.com/batonhq/baton/deploy/nats/clustertest"
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/internal/proctest"
 	"github.com/batonhq/baton/internal/secretscan"
+	"github.com/batonhq/baton/internal/testenv"
 )
 
 // The hosts the deploy files and README's Deploying name, which addresses
@@ -104,11 +106,12 @@ type deployment struct {
 	// request the fake model server received.
 	modelCalls [][2]string
 
-	mu      sync.Mutex
-	procs   []*process
-	err     error
-	broken  chan struct{}
-	stopped bool
+	// group is every process of the deployment.
+	group proctest.Group
+
+	mu     sync.Mutex
+	err    error
+	broken chan struct{}
 }
 
 // newDeployment prepares a run of the deploy files in files (a copy of
@@ -179,11 +182,11 @@ func (d *deployment) secretList() []secretscan.Secret {
 }
 
 // watch judges each line a service writes.
-func (d *deployment) watch(p *process, l outputLine) {
-	lower := strings.ToLower(l.text)
+func (d *deployment) watch(p *process, l proctest.Line) {
+	lower := strings.ToLower(l.Text)
 	for _, s := range brokenSigns {
 		if strings.Contains(lower, strings.ToLower(s.text)) {
-			d.fail(fmt.Errorf("%s wrote %q (%s), %s line %d:\n    %s", p.name, s.text, s.why, l.stream, l.n, d.mask(l.text)))
+			d.fail(fmt.Errorf("%s wrote %q (%s), %s line %d:\n    %s", p.Name, s.text, s.why, l.Stream, l.N, d.mask(l.Text)))
 			return
 		}
 	}
@@ -195,28 +198,19 @@ func (d *deployment) run(name string, service, unprivileged bool, dir string, en
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Dir = dir
-	p := &process{name: name, cmd: cmd, service: service}
-	p.onLine = d.watch
-	p.onExit = func(p *process) {
-		if p.service && !p.isStopping() {
-			d.fail(fmt.Errorf("%s exited (%v) while it should run; its last lines:\n%s", p.name, p.exitStatus(), p.tail(15, d.mask)))
+	opts := proctest.Options{OnLine: d.watch}
+	if service {
+		opts.OnExit = func(p *process) {
+			if !p.Stopping() {
+				d.fail(fmt.Errorf("%s exited (%v) while it should run; its last lines:\n%s", p.Name, p.ExitStatus(), p.Tail(15)))
+			}
 		}
 	}
 	var cred *syscall.Credential
 	if unprivileged {
 		cred = d.runAs
 	}
-	d.mu.Lock()
-	if d.stopped {
-		d.mu.Unlock()
-		return nil, errors.New("the deployment is stopping")
-	}
-	d.procs = append(d.procs, p)
-	d.mu.Unlock()
-	if err := p.start(cred); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return d.start(name, cmd, cred, opts)
 }
 
 // runToEnd runs a command to its end, within timeout, and returns it with
@@ -226,16 +220,12 @@ func (d *deployment) runToEnd(name string, timeout time.Duration, env []string, 
 	if err != nil {
 		return nil, err
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-	case <-timer.C:
-		p.stop(5 * time.Second)
-		return p, fmt.Errorf("%s did not end within %s; its last lines:\n%s", name, timeout, p.tail(20, d.mask))
+	if err := p.AwaitExit(timeout); err != nil {
+		p.Stop(5 * time.Second)
+		return p, err
 	}
-	if code := exitCode(p.exitStatus()); code != 0 {
-		return p, fmt.Errorf("%s exited with status %d; its last lines:\n%s", name, code, p.tail(20, d.mask))
+	if code := p.ExitCode(); code != 0 {
+		return p, fmt.Errorf("%s exited with status %d; its last lines:\n%s", name, code, p.Tail(20))
 	}
 	return p, d.failure()
 }
@@ -266,65 +256,27 @@ func (d *deployment) eventually(timeout time.Duration, cond func() (ok bool, wha
 	}
 }
 
-// waitLine waits until p writes a line holding every one of parts.
+// waitLine waits until p writes a line holding every one of parts, or
+// the deployment fails.
 func (d *deployment) waitLine(p *process, timeout time.Duration, parts ...string) (string, error) {
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		p.mu.Lock()
-		changed, lines := p.changed, append([]outputLine(nil), p.lines...)
-		p.mu.Unlock()
-		for _, l := range lines {
-			if containsAll(l.text, parts) {
-				return l.text, nil
-			}
-		}
-		if p.exited() {
-			return "", fmt.Errorf("%s exited (%v) before writing a line with %q; its last lines:\n%s", p.name, p.exitStatus(), parts, p.tail(15, d.mask))
-		}
-		select {
-		case <-changed:
-		case <-d.broken:
-			return "", d.failure()
-		case <-timer.C:
-			return "", fmt.Errorf("%s wrote no line with %q within %s; its last lines:\n%s", p.name, parts, timeout, p.tail(15, d.mask))
-		}
+	line, err := p.AwaitLine(d.broken, timeout, parts...)
+	if errors.Is(err, proctest.ErrAborted) {
+		return "", d.failure()
 	}
-}
-
-func containsAll(s string, parts []string) bool {
-	for _, part := range parts {
-		if !strings.Contains(s, part) {
-			return false
-		}
-	}
-	return true
+	return line, err
 }
 
 // stopAll stops every process that still runs, as systemd stops a unit:
 // SIGTERM, then SIGKILL after its TimeoutStopSec (capped, for the test).
-func (d *deployment) stopAll() {
-	d.mu.Lock()
-	d.stopped = true
-	all := append([]*process(nil), d.procs...)
-	d.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, p := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.stop(30 * time.Second)
-		}()
-	}
-	wg.Wait()
-}
+// Nothing starts after it.
+func (d *deployment) stopAll() { d.group.StopAll(30 * time.Second) }
 
 // deploy runs the deployment and checks it, and returns the first thing
 // that went wrong, named: a file the test cannot use as shipped, a command
 // of the README that failed, a line that shows a refusal, a reply that
 // did not come, a connection without TLS, a secret in an output.
 func (d *deployment) deploy() error {
-	startBuild()
+	testenv.StartPlainBatonBuild()
 	if err := d.install(); err != nil {
 		return err
 	}
@@ -363,10 +315,7 @@ func (d *deployment) deploy() error {
 	if err != nil {
 		return err
 	}
-	bin, err := batonBinary()
-	if err != nil {
-		d.t.Fatalf("build baton: %v", err)
-	}
+	bin := testenv.PlainBatonBinary(d.t)
 	if err := os.Symlink(bin, filepath.Join(d.root, "usr", "local", "bin", "baton")); err != nil {
 		return err
 	}
@@ -416,15 +365,15 @@ func (d *deployment) deploy() error {
 		return err
 	}
 	for _, p := range d.serviceList() {
-		if code := exitCode(p.exitStatus()); code != 0 {
-			return fmt.Errorf("%s exited with status %d on SIGTERM, not cleanly; its last lines:\n%s", p.name, code, p.tail(15, d.mask))
+		if code := p.ExitCode(); code != 0 {
+			return fmt.Errorf("%s exited with status %d on SIGTERM, not cleanly; its last lines:\n%s", p.Name, code, p.Tail(15))
 		}
 	}
 	// What a healthy deployment warns about, for whoever reads the log.
 	for _, p := range d.serviceList() {
-		for _, l := range p.output() {
-			if strings.Contains(l.text, `"level":"warn"`) || strings.Contains(l.text, `"level":"error"`) {
-				d.t.Logf("%s warned: %s", p.name, d.mask(l.text))
+		for _, l := range p.Output() {
+			if strings.Contains(l.Text, `"level":"warn"`) || strings.Contains(l.Text, `"level":"error"`) {
+				d.t.Logf("%s warned: %s", p.Name, d.mask(l.Text))
 			}
 		}
 	}
@@ -692,16 +641,13 @@ func (d *deployment) rolesSQL() error {
 	defer sql.Close()
 	cmd := exec.Command(filepath.Join(binDir, "psql"), "-X", "-d", d.pg.URL("postgres"))
 	cmd.Env, cmd.Dir, cmd.Stdin = env, d.root, sql
-	p := &process{name: "psql -X -d postgres < deploy/postgres/roles.sql", cmd: cmd}
-	d.mu.Lock()
-	d.procs = append(d.procs, p)
-	d.mu.Unlock()
-	if err := p.start(nil); err != nil {
+	p, err := d.start("psql -X -d postgres < deploy/postgres/roles.sql", cmd, nil, proctest.Options{})
+	if err != nil {
 		return err
 	}
-	<-p.done
-	if code := exitCode(p.exitStatus()); code != 0 {
-		return fmt.Errorf("%s exited with status %d:\n%s", p.name, code, p.tail(10, d.mask))
+	<-p.Done()
+	if code := p.ExitCode(); code != 0 {
+		return fmt.Errorf("%s exited with status %d:\n%s", p.Name, code, p.Tail(10))
 	}
 	su, err := pgxpool.New(context.Background(), d.pg.URL("baton"))
 	if err != nil {
@@ -823,15 +769,12 @@ func (d *deployment) startService(s *service) error {
 	if !s.oneshot {
 		return nil
 	}
-	timer := time.NewTimer(2 * time.Minute)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-	case <-timer.C:
-		return fmt.Errorf("%s did not end within 2m; its last lines:\n%s", s.unit, p.tail(20, d.mask))
+	// p is named after the unit.
+	if err := p.AwaitExit(2 * time.Minute); err != nil {
+		return err
 	}
-	if code := exitCode(p.exitStatus()); code != 0 {
-		return fmt.Errorf("%s failed: baton %s exited with status %d; its last lines:\n%s", s.unit, strings.Join(s.args, " "), code, p.tail(20, d.mask))
+	if code := p.ExitCode(); code != 0 {
+		return fmt.Errorf("%s failed: baton %s exited with status %d; its last lines:\n%s", s.unit, strings.Join(s.args, " "), code, p.Tail(20))
 	}
 	return d.failure()
 }
@@ -868,7 +811,7 @@ func (d *deployment) converse() error {
 	if err != nil {
 		return err
 	}
-	lines := strings.Split(strings.TrimSpace(tok.text("stdout")), "\n")
+	lines := strings.Split(strings.TrimSpace(tok.Text("stdout")), "\n")
 	d.token = lines[len(lines)-1]
 	d.addSecret("API token", d.token)
 
@@ -1087,20 +1030,18 @@ func (d *deployment) heartbeat() error {
 // log, for every secret of the deployment. The one line allowed one is
 // the token that baton token create prints.
 func (d *deployment) searchSecrets() error {
-	d.mu.Lock()
-	all := append([]*process(nil), d.procs...)
-	d.mu.Unlock()
+	all := d.group.All()
 	secrets := d.secretList()
 	var found []string
 	lines := 0
 	for _, p := range all {
-		for _, l := range p.output() {
+		for _, l := range p.Output() {
 			lines++
 			for _, s := range secrets {
-				if s.In(l.text) == "" || (s.Name == "API token" && l.stream == "stdout" && l.text == d.token && strings.HasPrefix(p.name, "baton token create")) {
+				if s.In(l.Text) == "" || (s.Name == "API token" && l.Stream == "stdout" && l.Text == d.token && strings.HasPrefix(p.Name, "baton token create")) {
 					continue
 				}
-				found = append(found, fmt.Sprintf("%s wrote the %s on %s, line %d:\n    %s", p.name, s.Name, l.stream, l.n, d.mask(l.text)))
+				found = append(found, fmt.Sprintf("%s wrote the %s on %s, line %d:\n    %s", p.Name, s.Name, l.Stream, l.N, d.mask(l.Text)))
 			}
 		}
 	}

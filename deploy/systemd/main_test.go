@@ -19,8 +19,4 @@ import (
 	"github.com/batonhq/baton/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	code := testenv.Main(m)
-	removeBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }

@@ -33,7 +33,7 @@ import (
 func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	t.Parallel()
 	step := timeline(t)
-	startBuild()
+	testenv.StartPlainBatonBuild()
 	c := clustertest.Start(t, clustertest.Options{})
 	step("the cluster runs")
 	db := testenv.Database(t)
@@ -72,10 +72,10 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	step("the streams and durables exist")
 
 	var served struct{ Addr string }
-	require.NoError(t, json.Unmarshal([]byte(api.waitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
+	require.NoError(t, json.Unmarshal([]byte(api.WaitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
 	tokenRun, code := ps.run(t, "token create", 30*time.Second, []string{"BATON_DATABASE_URL=" + db.URL}, "token", "create", "--user", "alice")
-	require.Zero(t, code, "baton token create failed:\n%s", tokenRun.tail(10))
-	lines := strings.Split(strings.TrimSpace(tokenRun.text("stdout")), "\n")
+	require.Zero(t, code, "baton token create failed:\n%s", tokenRun.Tail(10))
+	lines := strings.Split(strings.TrimSpace(tokenRun.Text("stdout")), "\n")
 	token := lines[len(lines)-1]
 
 	newAPIClient(served.Addr, token).converse(t, "secured", "hello over TLS", 30*time.Second)
@@ -106,8 +106,8 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	// The replay user replays the audit group from the stream's start:
 	// the events come again and the group's inbox skips them.
 	replay, code := ps.run(t, "replay", 45*time.Second, env("replay", "BATON_NATS_INBOX_PREFIX=_INBOX_replay"), "replay", "--group", "audit", "--all")
-	require.Zero(t, code, "baton replay --group audit --all failed:\n%s", replay.tail(20))
-	require.Contains(t, replay.text("stdout"), fmt.Sprintf("replayed group audit: %d events", events))
+	require.Zero(t, code, "baton replay --group audit --all failed:\n%s", replay.Tail(20))
+	require.Contains(t, replay.Text("stdout"), fmt.Sprintf("replayed group audit: %d events", events))
 	rows, distinct, inbox := counts()
 	require.Equal(t, [3]int{events, events, events}, [3]int{rows, distinct, inbox}, "the replay must apply nothing twice: audit rows, their distinct events and the group's inbox, one per event")
 
@@ -116,7 +116,7 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	// The read-only status user sees the whole system, and it is well.
 	for _, args := range [][]string{{"status"}, {"status", "--json"}} {
 		status, code := ps.run(t, "baton "+strings.Join(args, " "), 30*time.Second, env("status"), args...)
-		require.Zero(t, code, "baton %s should find the system well and say so:\n%s", strings.Join(args, " "), status.tail(40))
+		require.Zero(t, code, "baton %s should find the system well and say so:\n%s", strings.Join(args, " "), status.Tail(40))
 	}
 	step("baton status found nothing to attend to")
 
@@ -132,13 +132,13 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 		return out
 	}
 	noSeed, code := ps.run(t, "worker without its seed", 30*time.Second, without("BATON_NATS_NKEY_SEED", env("worker")), "worker")
-	require.NotZero(t, code, "a worker without credentials must not start:\n%s", noSeed.tail(10))
-	msg := noSeed.waitLine(t, time.Second, "baton:", "Authorization Violation")
+	require.NotZero(t, code, "a worker without credentials must not start:\n%s", noSeed.Tail(10))
+	msg := noSeed.WaitLine(t, time.Second, "baton:", "Authorization Violation")
 	require.Contains(t, msg, "gave none: set --nats-nkey-seed / BATON_NATS_NKEY_SEED", "the error should say that the worker gave no credentials, and where they go")
 
 	noCA, code := ps.run(t, "worker without the CA", 30*time.Second, without("BATON_NATS_TLS_CA", env("worker")), "worker")
-	require.NotZero(t, code, "a worker that does not trust the cluster's CA must not start:\n%s", noCA.tail(10))
-	msg = noCA.waitLine(t, time.Second, "baton:", "certificate")
+	require.NotZero(t, code, "a worker that does not trust the cluster's CA must not start:\n%s", noCA.Tail(10))
+	msg = noCA.WaitLine(t, time.Second, "baton:", "certificate")
 	require.Contains(t, msg, "BATON_NATS_TLS_CA", "the error should name the setting of the CA")
 
 	step("the refusals were explained")
@@ -154,7 +154,7 @@ func TestEveryComponentWorksOnTheSecuredClusterWithItsOwnUser(t *testing.T) {
 	secrets = append(secrets, secret{Name: "API token", Value: token})
 	ps.requireNoSecret(t, secrets, func(p *process, l outputLine, s secret) bool {
 		// The one place a token is shown: when it is made.
-		return p == tokenRun && l.stream == "stdout" && s.Value == token
+		return p == tokenRun && l.Stream == "stdout" && s.Value == token
 	})
 }
 

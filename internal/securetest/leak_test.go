@@ -15,12 +15,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/internal/testenv"
 )
 
 // TestNoSecretReachesAnyOutput runs Baton's processes with every kind of
@@ -38,7 +37,7 @@ import (
 func TestNoSecretReachesAnyOutput(t *testing.T) {
 	t.Parallel()
 	step := timeline(t)
-	startBuild()
+	testenv.StartPlainBatonBuild()
 
 	dbPassword := "pg:" + randomText(t) + "@/#?&%"
 	pg := startPostgres(t, "baton", dbPassword, "baton_password", "baton_creds", "baton_nkey", "baton_failing")
@@ -86,30 +85,30 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 				t.Parallel()
 				name := func(cmd string) string { return mode.name + ": " + cmd }
 				migrate, code := ps.run(t, name("migrate"), 30*time.Second, append(db, logs...), "migrate")
-				require.Zero(t, code, "baton migrate failed:\n%s", migrate.tail(10))
+				require.Zero(t, code, "baton migrate failed:\n%s", migrate.Tail(10))
 				token, code := ps.run(t, name("token create"), 30*time.Second, append(db, logs...), "token", "create", "--user", "alice")
-				require.Zero(t, code, "baton token create failed:\n%s", token.tail(10))
+				require.Zero(t, code, "baton token create failed:\n%s", token.Tail(10))
 				tokensMu.Lock()
 				tokens = append(tokens, token)
 				tokensMu.Unlock()
-				lines := strings.Split(strings.TrimSpace(token.text("stdout")), "\n")
+				lines := strings.Split(strings.TrimSpace(token.Text("stdout")), "\n")
 
 				ps.start(t, name("relay"), env, "relay")
 				ps.start(t, name("worker"), env, "worker")
 				api := ps.start(t, name("api"), append(env, "BATON_HTTP_ADDR=127.0.0.1:0"), "api")
 				var served struct{ Addr string }
-				require.NoError(t, json.Unmarshal([]byte(api.waitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
+				require.NoError(t, json.Unmarshal([]byte(api.WaitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
 				newAPIClient(served.Addr, lines[len(lines)-1]).converse(t, "leak", "hello", 45*time.Second)
 
 				status, code := ps.run(t, name("status"), 30*time.Second, env, "status")
-				require.Zero(t, code, "baton status should find nothing that needs attention:\n%s", status.tail(30))
+				require.Zero(t, code, "baton status should find nothing that needs attention:\n%s", status.Tail(30))
 				status, code = ps.run(t, name("status --json"), 30*time.Second, env, "status", "--json")
-				require.Zero(t, code, "baton status --json should find nothing that needs attention:\n%s", status.tail(30))
-				require.True(t, json.Valid([]byte(status.text("stdout"))), "baton status --json should print JSON:\n%s", status.text("stdout"))
+				require.Zero(t, code, "baton status --json should find nothing that needs attention:\n%s", status.Tail(30))
+				require.True(t, json.Valid([]byte(status.Text("stdout"))), "baton status --json should print JSON:\n%s", status.Text("stdout"))
 				replay, code := ps.run(t, name("replay --dry-run"), 30*time.Second, env, "replay", "--group", "audit", "--all", "--dry-run")
-				require.Zero(t, code, "baton replay --dry-run failed:\n%s", replay.tail(10))
-				require.Contains(t, replay.text("stdout"), "dry run: group audit would replay")
-				require.Contains(t, replay.text("stdout"), "nothing was changed")
+				require.Zero(t, code, "baton replay --dry-run failed:\n%s", replay.Tail(10))
+				require.Contains(t, replay.Text("stdout"), "dry run: group audit would replay")
+				require.Contains(t, replay.Text("stdout"), "nothing was changed")
 			})
 		}
 	})
@@ -130,7 +129,7 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		noNATS := "BATON_NATS_URL=" + natsURL(natsPassword, "127.0.0.1:"+strconv.Itoa(nowhere))
 		badDB := "BATON_DATABASE_URL=" + pg.TLSURL("baton", wrongDBPassword, "baton_failing")
 		migrate, code := ps.run(t, "migrate", 30*time.Second, append([]string{db}, logs...), "migrate")
-		require.Zero(t, code, "baton migrate failed:\n%s", migrate.tail(10))
+		require.Zero(t, code, "baton migrate failed:\n%s", migrate.Tail(10))
 
 		for _, run := range []struct {
 			name string
@@ -158,12 +157,12 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 			t.Run(run.name, func(t *testing.T) {
 				t.Parallel()
 				p := ps.start(t, run.name, append(run.env, logs...), run.args...)
-				p.waitLine(t, 30*time.Second, run.waitFor...)
+				p.WaitLine(t, 30*time.Second, run.waitFor...)
 				if run.exit < 0 {
-					p.stop(15 * time.Second)
+					p.Stop(15 * time.Second)
 					return
 				}
-				require.Equal(t, run.exit, p.wait(t, 30*time.Second), "exit code of %s:\n%s", run.name, p.tail(10))
+				require.Equal(t, run.exit, p.Wait(t, 30*time.Second), "exit code of %s:\n%s", run.name, p.Tail(10))
 			})
 		}
 	})
@@ -172,13 +171,13 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	ps.stopAll()
 	step("every process stopped")
 	for _, tok := range tokens {
-		lines := strings.Split(strings.TrimSpace(tok.text("stdout")), "\n")
+		lines := strings.Split(strings.TrimSpace(tok.Text("stdout")), "\n")
 		secrets = append(secrets, secret{Name: "API token", Value: lines[len(lines)-1]})
 	}
 	ps.requireNoSecret(t, secrets, func(p *process, l outputLine, s secret) bool {
 		// Each token is shown where it is made, and nowhere else.
 		for _, tok := range tokens {
-			if p == tok && l.stream == "stdout" && s.Name == "API token" && strings.Contains(l.text, s.Value) {
+			if p == tok && l.Stream == "stdout" && s.Name == "API token" && strings.Contains(l.Text, s.Value) {
 				return true
 			}
 		}
@@ -235,20 +234,10 @@ func startPostgres(t *testing.T, role, password string, dbs ...string) *pgcluste
 // by configure, and returns its host:port. It stops when t ends.
 func startNATS(t *testing.T, configure func(*server.Options)) string {
 	t.Helper()
-	o := &server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: t.TempDir(),
-	}
-	configure(o)
-	s, err := server.NewServer(o)
-	require.NoError(t, err)
-	go s.Start()
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
+	return testenv.NATSServer(t, func(o *server.Options) {
+		o.JetStream, o.StoreDir = true, t.TempDir()
+		configure(o)
 	})
-	require.True(t, s.ReadyForConnections(20*time.Second), "the NATS server did not accept clients within 20s")
-	return s.Addr().String()
 }
 
 // credsServer is a NATS server in operator (JWT) mode and a .creds file
@@ -264,67 +253,17 @@ type credsServer struct {
 // file of a user of that account.
 func startOperatorNATS(t *testing.T) credsServer {
 	t.Helper()
-	operator, err := nkeys.CreateOperator()
-	require.NoError(t, err)
-	operatorPub, err := operator.PublicKey()
-	require.NoError(t, err)
-	operatorClaims := jwt.NewOperatorClaims(operatorPub)
-	operatorClaims.Name = "baton-securetest"
-	resolver := &server.MemAccResolver{}
-	newAccount := func(name string, jetStream bool) (nkeys.KeyPair, string) {
-		kp, err := nkeys.CreateAccount()
-		require.NoError(t, err)
-		pub, err := kp.PublicKey()
-		require.NoError(t, err)
-		claims := jwt.NewAccountClaims(pub)
-		claims.Name = name
-		if jetStream {
-			claims.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
-		}
-		token, err := claims.Encode(operator)
-		require.NoError(t, err)
-		require.NoError(t, resolver.Store(pub, token))
-		return kp, pub
-	}
-	_, sysPub := newAccount("SYS", false)
-	account, _ := newAccount("BATON", true)
-	operatorClaims.SystemAccount = sysPub
-	_, err = operatorClaims.Encode(operator)
-	require.NoError(t, err)
-
-	user, err := nkeys.CreateUser()
-	require.NoError(t, err)
-	userPub, err := user.PublicKey()
-	require.NoError(t, err)
-	userClaims := jwt.NewUserClaims(userPub)
-	userClaims.Name = "baton"
-	userJWT, err := userClaims.Encode(account)
-	require.NoError(t, err)
-	userSeed, err := user.Seed()
-	require.NoError(t, err)
-	creds, err := jwt.FormatUserConfig(userJWT, userSeed)
-	require.NoError(t, err)
-	file := filepath.Join(t.TempDir(), "baton.creds")
-	require.NoError(t, os.WriteFile(file, creds, 0o600))
-
-	addr := startNATS(t, func(o *server.Options) {
-		o.TrustedOperators = []*jwt.OperatorClaims{operatorClaims}
-		o.AccountResolver = resolver
-		o.SystemAccount = sysPub
-	})
-	return credsServer{addr: addr, file: file, jwt: userJWT, seed: string(userSeed)}
+	operator := testenv.NewNATSOperator(t)
+	user := operator.User(t, "baton")
+	addr := startNATS(t, operator.Configure)
+	return credsServer{addr: addr, file: user.File, jwt: user.JWT, seed: string(user.Seed)}
 }
 
 // startNKeyNATS starts a server with one nkey user and returns the file
 // of its seed and the server's host:port.
 func startNKeyNATS(t *testing.T) (seedFile, addr string) {
 	t.Helper()
-	user, err := nkeys.CreateUser()
-	require.NoError(t, err)
-	pub, err := user.PublicKey()
-	require.NoError(t, err)
-	seed, err := user.Seed()
-	require.NoError(t, err)
+	pub, seed := testenv.NKeyUser(t)
 	seedFile = filepath.Join(t.TempDir(), "baton.nk")
 	require.NoError(t, os.WriteFile(seedFile, append(seed, '\n'), 0o600))
 	addr = startNATS(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })

@@ -28,18 +28,16 @@ func fileSecret(t *testing.T, name, path string) secret {
 // print a secret on (`baton token create` prints the token it made).
 func (ps *processes) requireNoSecret(t *testing.T, secrets []secret, allowed func(p *process, l outputLine, s secret) bool) {
 	t.Helper()
-	ps.mu.Lock()
-	all := append([]*process(nil), ps.all...)
-	ps.mu.Unlock()
+	all := ps.group.All()
 	lines := 0
 	for _, p := range all {
-		for _, l := range p.output() {
+		for _, l := range p.Output() {
 			lines++
 			for _, s := range secrets {
-				if s.In(l.text) == "" || (allowed != nil && allowed(p, l, s)) {
+				if s.In(l.Text) == "" || (allowed != nil && allowed(p, l, s)) {
 					continue
 				}
-				t.Errorf("%s wrote the %s on %s, line %d:\n    %s", p.name, s.Name, l.stream, l.n, s.Mask(l.text))
+				t.Errorf("%s wrote the %s on %s, line %d:\n    %s", p.Name, s.Name, l.Stream, l.N, s.Mask(l.Text))
 			}
 		}
 	}

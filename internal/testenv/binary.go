@@ -57,3 +57,65 @@ type buildError struct {
 }
 
 func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
+
+var (
+	plainOnce sync.Once
+	plainDir  string
+	plainPath string
+	plainErr  error
+)
+
+// StartPlainBatonBuild starts building the binary PlainBatonBinary
+// returns in the background, so that a test's other setup (a NATS
+// cluster, PostgreSQL) overlaps with the build.
+func StartPlainBatonBuild() { go buildPlain() }
+
+// PlainBatonBinary builds cmd/baton once per test package without the
+// race detector, whatever the tests run with, and returns its path. It is
+// for tests that run dozens of Baton's processes on a machine other tests
+// share and judge them by what they do and print, not by races inside one
+// of them (the packages' own tests run with -race); the chaos harness
+// makes the same build, so one of them finds it in the build cache. The
+// binary's folder is open to every user, for processes that run as an
+// unprivileged one. BATON_TEST_BINARY names a prebuilt binary instead.
+// Main removes the binary.
+func PlainBatonBinary(t testing.TB) string {
+	t.Helper()
+	buildPlain()
+	if plainErr != nil {
+		t.Fatalf("testenv: build baton: %v", plainErr)
+	}
+	return plainPath
+}
+
+func buildPlain() {
+	plainOnce.Do(func() {
+		if p := os.Getenv("BATON_TEST_BINARY"); p != "" {
+			plainPath = p
+			return
+		}
+		plainDir, plainErr = os.MkdirTemp("", "baton-plain-bin-")
+		if plainErr != nil {
+			return
+		}
+		if plainErr = os.Chmod(plainDir, 0o755); plainErr != nil {
+			return
+		}
+		plainPath = filepath.Join(plainDir, "baton")
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-o", plainPath, "./cmd/baton")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			plainErr = &buildError{out: string(out), err: err}
+		}
+	})
+}
+
+// removePlainBinary removes the binary of PlainBatonBinary once no build
+// runs any more.
+func removePlainBinary() {
+	plainOnce.Do(func() {})
+	if plainDir != "" {
+		_ = os.RemoveAll(plainDir)
+	}
+}

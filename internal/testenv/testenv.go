@@ -39,12 +39,13 @@ var (
 	dbCounter atomic.Int64
 )
 
-// Main runs the package's tests, stops the package's Postgres cluster
-// afterwards, and fails the run when the tests passed but left goroutines
+// Main runs the package's tests, stops the package's Postgres cluster and
+// removes the binary of PlainBatonBinary afterwards, and fails the run when the tests passed but left goroutines
 // behind (goleak). Every test package uses it from TestMain:
 // os.Exit(testenv.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
+	removePlainBinary()
 	if cluster != nil {
 		_ = cluster.Stop(pgcluster.Fast)
 		_ = os.RemoveAll(clusterDir)
