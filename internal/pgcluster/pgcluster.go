@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -202,14 +203,49 @@ func (c *Cluster) chown(path string) error {
 	})
 }
 
-// FreePort asks the kernel for a free TCP port on 127.0.0.1.
+// FreePort returns a TCP port free on 127.0.0.1 for a server to listen on.
+// It picks one below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range) when it can: a port from that range, once
+// released, may be taken at any moment as the local port of some outgoing
+// connection, which would make a server that stops and starts again on it
+// (a restart, a failover) find it busy. Otherwise it asks the kernel.
 func FreePort() (int, error) {
+	if low := ephemeralLow(); low > fixedPortsFrom+1000 {
+		for range 50 {
+			port := fixedPortsFrom + rand.IntN(low-fixedPortsFrom)
+			if PortFree(port) {
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// fixedPortsFrom is the lowest port FreePort picks: above the well-known
+// and most registered services' ports.
+const fixedPortsFrom = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return low
 }
 
 // PortFree reports whether port can be bound on 127.0.0.1.
