@@ -25,6 +25,8 @@ type Result struct {
 	Settled bool
 	// Status is what `baton status` said of the system after the run.
 	Status string
+	// Triggers compares the triggers left in the stream with the database.
+	Triggers TriggerAudit
 	// AnswersRetried counts, by HTTP status, the API's answers after which
 	// the client sent the request again (5xx and 429; 0 is no answer):
 	// 503 while the database is away, never 500.
@@ -122,6 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		status.add("baton status after the run: %s (%s)", problem, said)
 	}
 	res.Status = said
+	res.Triggers = sys.auditTriggers(ctx, sys.pool)
 	v.Checks = append(v.Checks, status)
 	failed := &Check{Name: CheckPostgresFault}
 	for _, f := range res.Faults {

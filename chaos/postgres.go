@@ -2,9 +2,13 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,7 +108,14 @@ func (s *system) restartPrimary(ctx context.Context) error {
 // primary with pg_basebackup, in a new folder, on the dead primary's port,
 // so the URL every process was started with names both servers again and
 // the next Postgres fault has its targets.
-func (in *injector) failover(ctx context.Context, r *faultRecord) {
+//
+// With behind, the primary's WAL sender to the standby is stopped for one
+// to two seconds first: the commits made meanwhile are flushed on the
+// primary, where the relay may decode and publish them, but wait for the
+// standby, so none is acknowledged; they die with the primary. The note
+// says how many waited and whether the promoted standby hands out outbox
+// ids that the old primary had handed out already.
+func (in *injector) failover(ctx context.Context, r *faultRecord, behind bool) {
 	s := in.sys
 	s.pgMu.Lock()
 	defer s.pgMu.Unlock()
@@ -116,12 +127,29 @@ func (in *injector) failover(ctx context.Context, r *faultRecord) {
 		r.note = "no standby to promote (making one failed before)"
 		return
 	}
+	var lastID int64 = -1
+	if behind {
+		held, id, err := s.holdBackStandby(ctx, time.Duration(1000+in.rng.IntN(1000))*time.Millisecond)
+		if err != nil {
+			r.failed = true
+			r.note = "COULD NOT HOLD THE STANDBY BACK: " + firstLine(err.Error()) + "; "
+		} else {
+			r.note = held + "; "
+			lastID = id
+		}
+	}
 	if err := old.Stop(pgcluster.Kill); err != nil {
-		r.note = "kill: " + firstLine(err.Error()) + "; "
+		r.note += "kill: " + firstLine(err.Error()) + "; "
 	}
 	r.at = time.Now()
 	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
+	// Read before the promotion, while nobody can take an id there yet.
+	var next int64
+	var nextErr error
+	if lastID >= 0 {
+		next, nextErr = standbyLastOutboxID(pctx, sb)
+	}
 	if err := sb.Promote(pctx); err != nil {
 		r.failed = true
 		r.note += fmt.Sprintf("%s killed; PROMOTE OF %s FAILED: %s", oldName, sbName, firstLine(err.Error()))
@@ -130,6 +158,16 @@ func (in *injector) failover(ctx context.Context, r *faultRecord) {
 	promoted := time.Since(r.at)
 	s.pg, s.pgName, s.standby, s.standbyName = sb, sbName, nil, ""
 	r.note += fmt.Sprintf("%s killed, %s promoted in %s", oldName, sbName, promoted.Round(time.Millisecond))
+	if lastID >= 0 {
+		switch {
+		case nextErr != nil:
+			r.note += "; the standby's outbox id sequence not read: " + firstLine(nextErr.Error())
+		case next < lastID:
+			r.note += fmt.Sprintf("; outbox ids %d..%d (at least) go out again", next+1, lastID)
+		default:
+			r.note += fmt.Sprintf("; no outbox id goes out again (next %d)", next+1)
+		}
+	}
 
 	began := time.Now()
 	if err := waitPortFree(ctx, old.Port(), 10*time.Second); err != nil {
@@ -143,6 +181,92 @@ func (in *injector) failover(ctx context.Context, r *faultRecord) {
 		return
 	}
 	r.note += fmt.Sprintf("; new synchronous standby %s in %s", s.standbyName, time.Since(began).Round(time.Millisecond))
+}
+
+// holdBackStandby stops (SIGSTOP) the primary's WAL sender to the standby
+// for d, and reads, before it returns with the sender still stopped, how
+// many commits wait for the standby, how much WAL it has not been sent,
+// and the last outbox id handed out on the primary.
+func (s *system) holdBackStandby(ctx context.Context, d time.Duration) (string, int64, error) {
+	conn, err := pgx.Connect(ctx, s.pg.URL("baton"))
+	if err != nil {
+		return "", 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`,
+		s.standbyName).Scan(&pid); err != nil {
+		return "", 0, fmt.Errorf("find the WAL sender to %s: %w", s.standbyName, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return "", 0, fmt.Errorf("stop the WAL sender (pid %d): %w", pid, err)
+	}
+	// The kernel stops the process when it next runs, not within kill(2).
+	deadline := time.Now().Add(10 * time.Second)
+	for !processStopped(pid) {
+		if time.Now().After(deadline) {
+			return "", 0, fmt.Errorf("the WAL sender (pid %d) did not stop within 10s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-ctx.Done():
+		return "", 0, ctx.Err()
+	case <-time.After(d):
+	}
+	var waiting int
+	var unsent, lastID int64
+	if err := conn.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'),
+			coalesce((SELECT pg_current_wal_lsn() - sent_lsn FROM pg_stat_replication WHERE pid = $1), 0)::bigint,
+			(SELECT last_value FROM agent_outbox_id_seq)`, pid).Scan(&waiting, &unsent, &lastID); err != nil {
+		return "", 0, err
+	}
+	return fmt.Sprintf("WAL sender to %s stopped %s: %d commits waiting, %d bytes of WAL unsent, outbox ids handed out up to %d",
+		s.standbyName, d.Round(time.Millisecond), waiting, unsent, lastID), lastID, nil
+}
+
+// standbyLastOutboxID reads, on a standby whose primary is gone, the last
+// outbox id its sequence logged once it has replayed all the WAL it
+// received: a promotion hands out ids after it.
+func standbyLastOutboxID(ctx context.Context, sb *pgcluster.Cluster) (int64, error) {
+	conn, err := pgx.Connect(ctx, sb.URL("baton"))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var replayed bool
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), false)`).Scan(&replayed); err != nil {
+			return 0, err
+		}
+		if replayed {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, errors.New("the standby did not replay what it received within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var id int64
+	err = conn.QueryRow(ctx, `SELECT last_value FROM agent_outbox_id_seq`).Scan(&id)
+	return id, err
+}
+
+// processStopped reports whether pid is stopped by a signal, from
+// /proc/<pid>/stat.
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return false
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	return len(fields) > 0 && fields[0] == "T"
 }
 
 // waitPortFree polls until nothing listens on port any more.

@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -34,7 +35,10 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("runs", "%s", formatRuns(v.Runs))
 	row("side effects (notify)", "%d", v.SideEffects)
 	row("faults injected", "%d", len(r.Faults))
-	for _, k := range AllFaults {
+	for _, k := range append(slices.Clone(AllFaults), ExtraFaults...) {
+		if slices.Contains(ExtraFaults, k) && counts[k] == 0 {
+			continue
+		}
 		if _, ok := k.crashPoint(); ok {
 			row("  "+string(k), "%d (%d died at the point)", counts[k], notes[k])
 			continue
@@ -47,6 +51,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	row("settled", "%v", r.Settled)
 	row("status after the run", "%s", r.Status)
+	row("triggers in the stream", "%s", r.Triggers)
 	row("longest kill -> next turn", "%s (after %s; %d faults with no turn after them)", v.LongestRecovery.Round(time.Millisecond), v.LongestRecoveryAfter, v.NoTurnAfter)
 	verdict := "PASS"
 	if !r.Passed() {
@@ -54,6 +59,12 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	row("verdict", "%s", verdict)
 	tw.Flush()
+	if len(r.Triggers.Examples) > 0 {
+		fmt.Fprintf(w, "\ntriggers in the stream that do not match the database (harmless to turns, see TriggerAudit):\n")
+		for _, e := range r.Triggers.Examples {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
+	}
 	for _, c := range v.Checks {
 		if c.Count == 0 {
 			continue
