@@ -62,10 +62,10 @@ func (r *Relay) observeSlot(ctx context.Context) error {
 		return err
 	}
 	switch {
-	case !p.Recorded && !r.progressUnrecorded:
+	case p.Unwritable && !r.progressUnrecorded:
 		r.progressUnrecorded = true
 		r.log.Warn().Str("slot", r.cfg.Slot).Msg("the slot's progress cannot be recorded in relay_slot_progress (the table is missing, or this database role may not write it): baton status cannot tell a stalled slot; run `baton migrate`, which creates the table and grants baton_relay what it needs")
-	case p.Recorded && r.progressUnrecorded:
+	case !p.Unwritable && r.progressUnrecorded:
 		r.progressUnrecorded = false
 		r.log.Info().Str("slot", r.cfg.Slot).Msg("the slot's progress is recorded again")
 	}

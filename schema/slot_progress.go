@@ -28,6 +28,11 @@ type SlotProgress struct {
 	// database lacks migration 00006 or the right to write its table: then
 	// ProgressedAt is zero and nothing is known of a stall.
 	Recorded bool
+	// Unwritable is true when RecordSlotProgress could not write the
+	// records: the database lacks migration 00006 or the role lacks the
+	// right to write relay_slot_progress. (A slot still being created has
+	// nothing to record yet, and is not Unwritable.)
+	Unwritable bool
 	// ProgressedAt is the latest time the confirmed position is known to
 	// have moved, or to have had no WAL behind it. When it moved after the
 	// last record, the record's time is all that is known, and counts.
@@ -73,7 +78,8 @@ func RecordSlotProgress(ctx context.Context, db Executor, slot string) (SlotProg
 		FROM s LEFT JOIN p ON true`, slot), slot)
 	switch pgErrorCode(err) {
 	case pgUndefinedTable, pgInsufficientPrivilege:
-		return observeSlot(ctx, db, slot)
+		p, err = observeSlot(ctx, db, slot)
+		p.Unwritable = err == nil
 	}
 	return p, err
 }
