@@ -25,6 +25,14 @@ type mailbox struct {
 	// running turn that one did (a newer message may supersede it).
 	lastArrival time.Time
 	arrived     chan struct{}
+	// unclaimable are the outbox rows of waiting triggers that the last
+	// claim saw and did not take: rows a capped turn left, a commit not
+	// visible yet, or a row that will never exist (its commit died with a
+	// primary after the relay had published it). They are no newer
+	// message, and never supersede the running turn: a row that becomes
+	// visible meanwhile is caught at finalize, which looks at the
+	// database (Finalize.SupersedeIfNewer).
+	unclaimable map[int64]bool
 }
 
 // dispatch puts a trigger into its conversation's mailbox, starting the

@@ -290,7 +290,7 @@ func (w *Worker) newerTrigger(mb *mailbox, claim schema.Claim) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, m := range mb.waiting {
-		if id, ok := outboxIDOf(m); ok && !slices.Contains(claim.OutboxIDs, id) {
+		if id, ok := outboxIDOf(m); ok && !slices.Contains(claim.OutboxIDs, id) && !mb.unclaimable[id] {
 			return true
 		}
 	}
@@ -495,26 +495,29 @@ func userText(cause error) string {
 }
 
 // keepForNextTurn puts back into the mailbox the triggers of batch whose
-// rows the claim did not take, and returns the others, which the turn
-// settles. After a capped claim (more) the mailbox runs once more even
+// rows the claim did not take (marked unclaimable, so that they do not
+// supersede the turn), and returns the others, which the turn settles. After a capped claim (more) the mailbox runs once more even
 // with none to put back: the rows left pending need a turn.
 func (w *Worker) keepForNextTurn(mb *mailbox, batch []jetstream.Msg, claimed []int64, more bool) []jetstream.Msg {
 	var covered, kept []jetstream.Msg
+	unclaimable := map[int64]bool{}
 	for _, m := range batch {
 		if id, ok := outboxIDOf(m); ok && !slices.Contains(claimed, id) {
 			kept = append(kept, m)
+			unclaimable[id] = true
 		} else {
 			covered = append(covered, m)
 		}
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	mb.unclaimable = unclaimable
 	if len(kept) == 0 && !more {
 		return covered
 	}
-	w.mu.Lock()
 	mb.waiting = append(kept, mb.waiting...)
 	mb.more = true
 	mb.since = time.Time{}
-	w.mu.Unlock()
 	return covered
 }
 

@@ -400,3 +400,61 @@ func TestBurstsGetOneReplyEachAndAWriteIsNeverRepeated(t *testing.T) {
 		"a run that started a write is never superseded")
 	require.Zero(t, b.Count(`SELECT count(*) FROM agent_outbox WHERE status <> 'done'`))
 }
+
+// TestATriggerOfARowThatNeverExistsDoesNotSupersedeForever: a trigger
+// whose row the claim cannot take (here one that will never exist, as
+// when its commit died with a primary after the relay published it) is
+// no newer message. It must not supersede the turn that answers the real
+// message beside it, again and again: the turn replies once, and the
+// phantom trigger is acknowledged by the next, empty claim.
+func TestATriggerOfARowThatNeverExistsDoesNotSupersedeForever(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.Conversation("c")
+	cfg := b.testConfig()
+	cfg.Debounce = DefaultDebounce
+	// The model call lasts long enough for the turn to see the phantom
+	// trigger waiting in its mailbox.
+	cfg.Agent = slowEcho{delay: time.Second}
+	b.startWorker(cfg)
+
+	// The real message first, so that its turn runs when the phantom
+	// trigger arrives.
+	b.Send("c", "m1", "hello")
+	publishPhantom := func(copyID string) {
+		phantom := batonnats.Trigger{OutboxID: 1 << 40, ConversationID: b.Key("c"), MessageID: "never", Reason: batonnats.ReasonInsert}
+		msg, err := phantom.Msg(b.Stream.SubjectPrefix, b.Stream.Partitions)
+		require.NoError(t, err)
+		msg.Header.Set(batonnats.HeaderMsgID, copyID)
+		_, err = b.JS.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+	superseded := func() int { return b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'superseded'`) }
+	b.Eventually(10*time.Second, func() bool {
+		return b.Count(`SELECT count(*) FROM agent_outbox WHERE status = 'processing'`) == 1
+	}, "the message's turn runs")
+	publishPhantom("phantom")
+	// Arriving during the turn, the phantom looks like a newer message
+	// once; the claim after that sees it and takes no row for it.
+	b.Eventually(10*time.Second, func() bool { return superseded() >= 1 }, "the phantom supersedes the first turn")
+	// Another copy of it (a redelivery, a re-announcement) arrives during
+	// the next turn: it is still no newer message.
+	publishPhantom("phantom-copy")
+
+	b.settled(30 * time.Second)
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply")
+	require.Equal(t, 1, superseded(), "the phantom trigger supersedes no turn after a claim saw it")
+}
+
+// slowEcho is the echo agent with a model call that takes delay.
+type slowEcho struct{ delay time.Duration }
+
+func (s slowEcho) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return Reply{}, context.Cause(ctx)
+	}
+	return Echo{}.Run(ctx, turn, tools)
+}
