@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -132,12 +133,22 @@ func ExitCode(err error) int {
 // openPool connects to PostgreSQL and checks the connection, so a wrong
 // URL fails at start with a message that says so.
 func openPool(ctx context.Context, db config.Database) (*pgxpool.Pool, error) {
+	return openPoolSized(ctx, db, 0)
+}
+
+// openPoolSized is openPool with a pool of up to maxConns connections
+// unless the URL names its own pool_max_conns (0: pgx's default, the
+// larger of 4 and the number of CPUs).
+func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.Pool, error) {
 	if err := db.Validate(); err != nil {
 		return nil, &UsageError{Err: err}
 	}
 	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
 	if err != nil {
 		return nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
+	}
+	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -120,7 +120,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return settingError(c, err)
 	}
 
-	pool, err := openPool(ctx, c.Database)
+	pool, err := openPoolSized(ctx, c.Database, workerPoolConns(cfg.WithDefaults().Concurrency))
 	if err != nil {
 		return err
 	}
@@ -159,4 +159,15 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		defer stop()
 	}
 	return w.Run(ctx)
+}
+
+// workerPoolConns is the size of a worker's database pool when its URL
+// names none: a connection for each of up to 16 turns at once. A turn holds
+// a connection only for its claim, its finalize and its tool calls' journal,
+// never across a model call, so 16 keep a fast agent from queueing for a
+// connection (pgx's default, 4 on a 2-core machine, halved the echo agent's
+// turn rate) while three workers stay well inside PostgreSQL's default 100
+// connections. pool_max_conns in the URL overrides it.
+func workerPoolConns(concurrency int) int32 {
+	return int32(min(concurrency, 16))
 }
