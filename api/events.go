@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -206,6 +207,42 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	}
+	sendDelta := func(d *liveDelta) error {
+		if d.fromRun && d.runID != current && (d.runID != lastRun || time.Since(lastLookup) > time.Second) && lookups.Allow() {
+			// The delta may have overtaken the processing event: the
+			// database knows the lease holder. A run is looked up again
+			// at most once a second, and a stream makes a few lookups a
+			// second at most, so a flood of forgeries costs no more.
+			lastRun, lastLookup = d.runID, time.Now()
+			if c, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); cerr == nil {
+				current = c.RunID
+			}
+		}
+		if !d.fromRun || d.runID != current {
+			s.metrics.dropped.Inc()
+			return nil
+		}
+		return writeSSE(w, "", "delta", string(d.data))
+	}
+	// drain writes what else is already waiting, so that one flush sends
+	// it all: a busy conversation costs a write per burst, not per event.
+	drain := func() error {
+		for range listenerEvents + listenerDeltas {
+			select {
+			case e := <-l.events:
+				if err := deliver(e); err != nil {
+					return err
+				}
+			case d := <-l.deltas:
+				if err := sendDelta(d); err != nil {
+					return err
+				}
+			default:
+				return nil
+			}
+		}
+		return nil
+	}
 	if first == "" && sent < position {
 		if err := s.hub.catchUp(ctx, s.eventsCfg.Subject(conv.Key), sent+1, position, deliver); err != nil {
 			if !errors.Is(err, errEnded) && ctx.Err() == nil {
@@ -229,24 +266,8 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			if err := deliver(e); err != nil {
 				return
 			}
-		case m := <-l.deltas:
-			d, perr := batonnats.ParseLiveDelta(m.Data)
-			fromRun := perr == nil && m.Subject == batonnats.LiveSubject(conv.Key, d.RunID)
-			if fromRun && d.RunID != current && (d.RunID != lastRun || time.Since(lastLookup) > time.Second) && lookups.Allow() {
-				// The delta may have overtaken the processing event: the
-				// database knows the lease holder. A run is looked up again
-				// at most once a second, and a stream makes a few lookups a
-				// second at most, so a flood of forgeries costs no more.
-				lastRun, lastLookup = d.RunID, time.Now()
-				if c, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); cerr == nil {
-					current = c.RunID
-				}
-			}
-			if !fromRun || d.RunID != current {
-				s.metrics.dropped.Inc()
-				continue
-			}
-			err = writeSSE(w, "", "delta", string(m.Data))
+		case d := <-l.deltas:
+			err = sendDelta(d)
 		case <-tick.C:
 			if l.lagging.Load() {
 				// Events were dropped for this slow client: it reconnects
@@ -275,6 +296,9 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		if err == nil {
+			err = drain()
+		}
 		if err != nil {
 			return
 		}
@@ -297,6 +321,6 @@ func writeSSE(w http.ResponseWriter, id, event, data string) error {
 		b.WriteString("event: " + event + "\n")
 	}
 	b.WriteString("data: " + strings.ReplaceAll(data, "\n", "") + "\n\n")
-	_, err := fmt.Fprint(w, b.String())
+	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -53,9 +53,21 @@ type hub struct {
 // listener is one open event stream's inbox.
 type listener struct {
 	events chan hubEvent
-	deltas chan *natsclient.Msg
+	deltas chan *liveDelta
 	// lagging is set when the hub had to drop an event for it.
 	lagging atomic.Bool
+}
+
+// liveDelta is one live delta as the hub read it, once for every
+// listener of its conversation.
+type liveDelta struct {
+	// runID is the run the delta names, valid only when fromRun.
+	runID string
+	// fromRun is set when the delta parsed and came on the live subject of
+	// the run it names: a delta published on another run's subject is a
+	// forgery and never reaches a client.
+	fromRun bool
+	data    []byte
 }
 
 type hubEvent struct {
@@ -166,7 +178,8 @@ func (h *hub) event(m jetstream.Msg) {
 	}
 }
 
-// delta hands one live delta to the listeners of its conversation.
+// delta hands one live delta to the listeners of its conversation, read
+// once for all of them.
 func (h *hub) delta(m *natsclient.Msg) {
 	rest, ok := strings.CutPrefix(m.Subject, batonnats.LivePrefix+".")
 	if !ok {
@@ -179,9 +192,17 @@ func (h *hub) delta(m *natsclient.Msg) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for l := range h.listeners[key] {
+	ls := h.listeners[key]
+	if len(ls) == 0 {
+		return
+	}
+	d := &liveDelta{data: m.Data}
+	if parsed, err := batonnats.ParseLiveDelta(m.Data); err == nil {
+		d.runID, d.fromRun = parsed.RunID, m.Subject == batonnats.LiveSubject(key, parsed.RunID)
+	}
+	for l := range ls {
 		select {
-		case l.deltas <- m:
+		case l.deltas <- d:
 		default:
 			// A preview lost, never a reply: deltas are worth nothing
 			// once the turn ends.
@@ -201,7 +222,7 @@ func (h *hub) keyOf(subject, prefix string) (string, bool) {
 // listen registers a listener for a conversation and returns it with the
 // hub's position: every event after that position reaches the listener.
 func (h *hub) listen(key string) (*listener, uint64) {
-	l := &listener{events: make(chan hubEvent, listenerEvents), deltas: make(chan *natsclient.Msg, listenerDeltas)}
+	l := &listener{events: make(chan hubEvent, listenerEvents), deltas: make(chan *liveDelta, listenerDeltas)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.listeners[key] == nil {
