@@ -40,8 +40,23 @@ fmt:
 dev: deps build
 	./$(BIN) dev
 
-bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./relay/ ./consumer/
+# The benchmarks: real baton processes (this tree's binary, and for the
+# turn rate the binary of the commit before the one-statement claim, built
+# from a git worktree), a durable PostgreSQL and NATS. Each figure is
+# measured against its reference in the same run; the table at the end
+# shows value, reference, ratio, aim. One package at a time, so that
+# nothing else runs beside a measurement. BENCH_ARGS="-bench Turns" picks
+# benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
+# processes that limit a figure.
+BENCH_REPORT ?= bin/bench-report.jsonl
+BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkRelayDrain|BenchmarkRelayLatency'
+bench: deps build
+	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
+	@status=0; \
+	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ || status=$$?; \
+	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
+	exit $$status
 
 # The kill test at full size: real processes, random faults from a printed
 # seed, a verdict from the database. Pass CHAOS_ARGS="--seed N" to replay a
