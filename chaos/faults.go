@@ -60,11 +60,11 @@ var AllFaults = []FaultKind{
 // relay may have published them (PostgreSQL 15 decodes a commit for a
 // logical slot before the synchronous standby has it), so the stream
 // holds triggers of rows that no surviving primary has, and the promoted
-// standby may hand their outbox ids out again. A worker keeps a trigger
-// whose row its claim did not take for the next turn, and until that turn
-// settles it, every arrival supersedes the conversation's turn: the
-// conversation can go without a reply for minutes. It stays out of the
-// default schedule until the worker copes with such triggers.
+// standby may hand their outbox ids out again. Such a trigger once made a
+// worker supersede every turn of its conversation during which a copy of
+// it arrived; a trigger whose row a claim saw and did not take no longer
+// supersedes anything. It stays out of the default schedules (and of the
+// short run's, whose summary expects one failover) and runs by --plan.
 var ExtraFaults = []FaultKind{FaultPostgresFailoverBehind}
 
 // ParseFault reads a fault kind by its name.
