@@ -58,7 +58,8 @@ func parseCrash(v string) (*crasher, error) {
 	return c, nil
 }
 
-// at kills the process when point is the armed one.
+// at kills the process when point is the armed one, with the armed
+// probability.
 func (c *crasher) at(point string) {
 	if c == nil || c.point != point {
 		return
@@ -66,6 +67,19 @@ func (c *crasher) at(point string) {
 	if c.probability < 1 && rand.Float64() >= c.probability {
 		return
 	}
+	c.kill(point)
+}
+
+// always kills the process when point is the armed one, whatever the
+// probability.
+func (c *crasher) always(point string) {
+	if c == nil || c.point != point {
+		return
+	}
+	c.kill(point)
+}
+
+func (c *crasher) kill(point string) {
 	fmt.Fprintf(os.Stderr, "baton: crash point %s reached, killing the process\n", point)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	os.Exit(137)
