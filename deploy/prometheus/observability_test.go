@@ -686,3 +686,68 @@ func fireAlerts(t *testing.T, tool string, s *system) {
 	}
 	require.NoError(t, err, "promtool test rules on the scraped samples (kept in %s):\n%s", filepath.Join(os.TempDir(), "baton-alerts-test.yml"), out)
 }
+
+// TestTheSlotAlertFiresOnAStallWhileWALGrowsAndOnlyThen feeds promtool the
+// series a standby relay exports while the streaming relay hangs: the
+// stall that baton_relay_slot_stalled_seconds measures takes minutes to
+// reach the alert's threshold, longer than a test against real processes
+// should wait, so the samples are written here, a minute apart, as a
+// relay's gauges would read them. The alert fires once the slot stood
+// still for more than 5 minutes, and 5 more, while the retained WAL grows;
+// a slot that stands still with no WAL behind it (an idle database) never
+// fires it.
+func TestTheSlotAlertFiresOnAStallWhileWALGrowsAndOnlyThen(t *testing.T) {
+	t.Parallel()
+	tool := promtool(t)
+	var stalled, growing, flat []string
+	for m := range 16 {
+		stalled = append(stalled, strconv.Itoa(m*60))
+		growing = append(growing, strconv.Itoa(1_000_000+m*5_000_000))
+		flat = append(flat, "1000000")
+	}
+	labels := `{job="baton-relay", instance="relay2"}`
+	alert := func(wal []string, at time.Duration, fires bool) map[string]any {
+		var rule map[string]string
+		var ruleLabels map[string]string
+		for _, g := range readRules(t).Groups {
+			for _, r := range g.Rules {
+				if r.Alert == "BatonSlotNotAdvancing" {
+					rule, ruleLabels = r.Annotations, r.Labels
+				}
+			}
+		}
+		require.NotNil(t, rule, "the alert is in %s", alertsFile)
+		exp := []map[string]any{}
+		if fires {
+			exp = append(exp, map[string]any{"exp_labels": ruleLabels, "exp_annotations": rule})
+		}
+		return map[string]any{
+			"interval": "1m",
+			"input_series": []map[string]string{
+				{"series": "baton_relay_slot_stalled_seconds" + labels, "values": strings.Join(stalled, " ")},
+				{"series": "baton_relay_retained_wal_bytes" + labels, "values": strings.Join(wal, " ")},
+			},
+			"alert_rule_test": []map[string]any{{
+				"eval_time": fmt.Sprintf("%dm", int(at.Minutes())), "alertname": "BatonSlotNotAdvancing", "exp_alerts": exp,
+			}},
+		}
+	}
+	abs, err := filepath.Abs(alertsFile)
+	require.NoError(t, err)
+	b, err := yaml.Marshal(map[string]any{
+		"rule_files":          []string{abs},
+		"evaluation_interval": "1m",
+		"tests": []any{
+			// Stalled past 300 s at minute 6; pending 5 minutes more.
+			alert(growing, 10*time.Minute, false),
+			alert(growing, 12*time.Minute, true),
+			// No WAL waits: an idle database's slot stands still too.
+			alert(flat, 15*time.Minute, false),
+		},
+	})
+	require.NoError(t, err)
+	f := filepath.Join(t.TempDir(), "slot_alert_test.yml")
+	require.NoError(t, os.WriteFile(f, b, 0o600))
+	out, err := exec.Command(tool, "test", "rules", f).CombinedOutput()
+	require.NoError(t, err, "promtool test rules:\n%s\n%s", b, out)
+}
