@@ -1,11 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -222,7 +222,8 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			s.metrics.dropped.Inc()
 			return nil
 		}
-		return writeSSE(w, "", "delta", string(d.data))
+		_, err := w.Write(d.frame)
+		return err
 	}
 	// drain writes what else is already waiting, so that one flush sends
 	// it all: a busy conversation costs a write per burst, not per event.
@@ -313,7 +314,13 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 
 // writeSSE writes one event. data must not contain newlines (JSON here).
 func writeSSE(w http.ResponseWriter, id, event, data string) error {
-	var b strings.Builder
+	_, err := w.Write(sseFrame(id, event, data))
+	return err
+}
+
+// sseFrame is one event in the text/event-stream format.
+func sseFrame(id, event, data string) []byte {
+	var b bytes.Buffer
 	if id != "" {
 		b.WriteString("id: " + id + "\n")
 	}
@@ -321,6 +328,5 @@ func writeSSE(w http.ResponseWriter, id, event, data string) error {
 		b.WriteString("event: " + event + "\n")
 	}
 	b.WriteString("data: " + strings.ReplaceAll(data, "\n", "") + "\n\n")
-	_, err := io.WriteString(w, b.String())
-	return err
+	return b.Bytes()
 }

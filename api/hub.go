@@ -67,7 +67,9 @@ type liveDelta struct {
 	// the run it names: a delta published on another run's subject is a
 	// forgery and never reaches a client.
 	fromRun bool
-	data    []byte
+	// frame is the delta as an SSE event, written as it is to every
+	// client that gets it.
+	frame []byte
 }
 
 type hubEvent struct {
@@ -196,7 +198,7 @@ func (h *hub) delta(m *natsclient.Msg) {
 	if len(ls) == 0 {
 		return
 	}
-	d := &liveDelta{data: m.Data}
+	d := &liveDelta{frame: sseFrame("", "delta", string(m.Data))}
 	if parsed, err := batonnats.ParseLiveDelta(m.Data); err == nil {
 		d.runID, d.fromRun = parsed.RunID, m.Subject == batonnats.LiveSubject(key, parsed.RunID)
 	}
