@@ -29,7 +29,7 @@ func (p *Process) Profile(tb testing.TB, label string) (stop func()) {
 		tb.Fatal(err)
 	}
 	data := filepath.Join(dir, label+".data")
-	cmd := exec.Command(perf, "record", "-F", "999", "-g", "-p", fmt.Sprint(p.cmd.Process.Pid), "-o", data)
+	cmd := exec.Command(perf, "record", "-F", "999", "-g", "-p", fmt.Sprint(p.Cmd.Process.Pid), "-o", data)
 	if err := cmd.Start(); err != nil {
 		tb.Logf("perf: %v", err)
 		return func() {}

@@ -2,65 +2,45 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/batonhq/baton/internal/proctest"
 )
 
-// Process is a running baton subcommand.
+// Process is a running baton subcommand, run by proctest.
 type Process struct {
-	Name    string
+	*proctest.Process
 	Started time.Time
-
-	cmd  *exec.Cmd
-	done chan struct{}
-	mu   sync.Mutex
-	logs bytes.Buffer
-}
-
-func (p *Process) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.Write(b)
 }
 
 // Logs returns what the process wrote.
-func (p *Process) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
+func (p *Process) Logs() string { return p.Text("") }
 
 // Start runs binary with args as a process named name, with JSON logs, and
 // stops it (SIGTERM, then SIGKILL after 20 seconds) when tb ends.
 func Start(tb testing.TB, name, binary string, args ...string) *Process {
 	tb.Helper()
-	p := &Process{Name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(binary, append(args, "--log-format", "json")...)
-	p.cmd.Stdout = p
-	p.cmd.Stderr = p
+	cmd := exec.Command(binary, append(args, "--log-format", "json")...)
 	// Its own process group: a Ctrl-C reaches the benchmark, which stops
 	// the processes in order.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p.Started = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		tb.Fatalf("bench: start %s: %v", name, err)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	started := time.Now()
+	proc, err := proctest.Start(name, cmd, proctest.Options{})
+	if err != nil {
+		tb.Fatalf("bench: %v", err)
 	}
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
+	p := &Process{Process: proc, Started: started}
 	tb.Cleanup(func() {
 		p.Stop()
 		if tb.Failed() {
-			tb.Logf("%s output (last lines):\n%s", name, tail(p.Logs(), 30))
+			tb.Logf("%s output (last lines):\n%s", name, p.Tail(30))
 		}
 	})
 	return p
@@ -68,38 +48,13 @@ func Start(tb testing.TB, name, binary string, args ...string) *Process {
 
 // Stop asks the process to stop and waits for it; a process that does not
 // stop within 20 seconds is killed.
-func (p *Process) Stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// Exited is closed when the process ends.
-func (p *Process) Exited() <-chan struct{} { return p.done }
+func (p *Process) Stop() { p.Process.Stop(20 * time.Second) }
 
 // WaitLogged waits until the process logged s.
 func (p *Process) WaitLogged(tb testing.TB, s string, within time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(within)
-	for !strings.Contains(p.Logs(), s) {
-		select {
-		case <-p.done:
-			tb.Fatalf("bench: %s exited before logging %q:\n%s", p.Name, s, tail(p.Logs(), 30))
-		default:
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("bench: %s did not log %q within %s:\n%s", p.Name, s, within, tail(p.Logs(), 30))
-		}
-		time.Sleep(10 * time.Millisecond)
+	if _, err := p.AwaitLine(nil, within, s); err != nil {
+		tb.Fatalf("bench: %v", err)
 	}
 }
 
@@ -111,7 +66,7 @@ type Memory struct {
 // Memory reads the process's resident set size and its peak (VmRSS and
 // VmHWM) from /proc.
 func (p *Process) Memory() (Memory, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Cmd.Process.Pid))
 	if err != nil {
 		return Memory{}, err
 	}
@@ -140,17 +95,9 @@ func Run(binary string, args ...string) (string, error) {
 	return string(out), err
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
-}
-
 // CPU is the processor time the process used so far (user and system),
 // from /proc.
-func (p *Process) CPU() (time.Duration, error) { return CPU(p.cmd.Process.Pid) }
+func (p *Process) CPU() (time.Duration, error) { return CPU(p.Cmd.Process.Pid) }
 
 // CPU is the processor time process pid used so far (user and system),
 // from /proc; 0 is this process.
