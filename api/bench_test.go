@@ -92,6 +92,7 @@ func eventStreamsOnce(b *testing.B) {
 	// Publications as a subscriber next to the API sees them.
 	var published sync.Map // run_id/seq -> time.Time
 	var publishedTo sync.Map
+	var publishedLast sync.Map // run_id/seq -> whether it is the run's done delta
 	var measuring atomic.Bool
 	nc, _ := ns.Connect(b)
 	sub, err := nc.Subscribe(batonnats.LivePrefix+".>", func(m *natsclient.Msg) {
@@ -103,6 +104,7 @@ func eventStreamsOnce(b *testing.B) {
 			key := d.RunID + "/" + strconv.FormatInt(d.Seq, 10)
 			published.Store(key, at)
 			publishedTo.Store(key, m.Subject)
+			publishedLast.Store(key, d.Type == batonnats.DeltaDone)
 		}
 	})
 	if err != nil {
@@ -199,6 +201,7 @@ func eventStreamsOnce(b *testing.B) {
 	measuring.Store(false)
 
 	stopProfile()
+	drops := apiMemory(b, s.API, metricsURL)
 	apiCPU2, _ := s.API.CPU()
 	selfCPU2, _ := bench.CPU(0)
 	b.Logf("while turns ran for %s: the API used %s of processor time, this process (clients, NATS, model) %s",
@@ -244,6 +247,29 @@ func eventStreamsOnce(b *testing.B) {
 		"the 500 streams of the shared conversation (%d deliveries) p50 %s, p99 %s; the others (%d) p50 %s, p99 %s",
 		delivered, expected, lost, bench.Ms(p50), bench.Ms(p99), bench.Ms(bench.Percentile(all, 100)),
 		len(hotOnly), bench.Ms(bench.Percentile(hotOnly, 50)), bench.Ms(p99Hot), len(single), bench.Ms(bench.Percentile(single, 50)), bench.Ms(p99Single))
+	// Which deltas went missing: a run's done delta comes after its text,
+	// and may come after the turn's replied event.
+	missingDone, missingText := 0, 0
+	for _, c := range clients {
+		got := map[string]bool{}
+		for _, d := range c.deltas {
+			got[d.key] = true
+		}
+		prefix := batonnats.LivePrefix + "." + batonnats.EncodeToken(c.key) + "."
+		publishedTo.Range(func(key, subject any) bool {
+			if strings.HasPrefix(subject.(string), prefix) && !got[key.(string)] {
+				if last, _ := publishedLast.Load(key); last == true {
+					missingDone++
+				} else {
+					missingText++
+				}
+			}
+			return true
+		})
+	}
+	b.Logf("deltas the API dropped: %.0f for a client with 64 waiting (slow_client), %.0f not from the run that held the conversation (not_current_run); "+
+		"of the deltas a client did not get, %d were a run's done delta, %d text",
+		drops.slowDrops-after.slowDrops, drops.runDrops-after.runDrops, missingDone, missingText)
 
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -270,6 +296,9 @@ func eventStreamsOnce(b *testing.B) {
 	bench.Record(b, bench.Figure{ID: "3b", Name: fmt.Sprintf("live delta, worker's publication to client, p99, same streams (%s deliveries; p99 of the 500 on one conversation %s, of the others %s)",
 		bench.Thousands(float64(delivered)), bench.Ms(p99Hot), bench.Ms(p99Single)),
 		Value: bench.Ms(p99), Aim: "under 50 ms", Met: bench.Verdict(p99 < 50*time.Millisecond)})
+	bench.Record(b, bench.Figure{ID: "3b'", Name: "deltas not delivered of those expected, as the API counted them: slow_client / not_current_run",
+		Value: fmt.Sprintf("%s of %s: %s / %s", bench.Thousands(float64(expected-delivered)), bench.Thousands(float64(expected)),
+			bench.Thousands(drops.slowDrops-after.slowDrops), bench.Thousands(drops.runDrops-after.runDrops))})
 	bench.Record(b, bench.Figure{ID: "3c", Name: "API memory per open stream: resident (Go heap in use)",
 		Value: fmt.Sprintf("%.1f KiB (%.1f KiB)", float64(after.rss-before.rss)/float64(open)/1024, float64(after.heap-before.heap)/float64(open)/1024)})
 	bench.Record(b, bench.Figure{ID: "3d", Name: fmt.Sprintf("all %s streams drop and reconnect at once with Last-Event-ID (%s behind): every stream open and caught up", bench.Thousands(float64(open)), bench.Thousands(float64(behind))),
@@ -378,10 +407,15 @@ func (w *reconnectWave) run(label string) (time.Duration, int) {
 	return everyone, behind
 }
 
-type memory struct{ rss, heap int64 }
+// memory is what apiMemory reads; with the deltas the API dropped so far,
+// by reason.
+type memory struct {
+	rss, heap           int64
+	slowDrops, runDrops float64
+}
 
-// apiMemory reads the API process's resident memory from /proc and its Go
-// heap in use from its metrics.
+// apiMemory reads the API process's resident memory from /proc, and its Go
+// heap in use and dropped deltas from its metrics.
 func apiMemory(b *testing.B, api *bench.Process, metricsURL string) memory {
 	b.Helper()
 	m, err := api.Memory()
@@ -394,13 +428,22 @@ func apiMemory(b *testing.B, api *bench.Process, metricsURL string) memory {
 	}
 	defer res.Body.Close()
 	var heap float64
+	mem := memory{rss: m.RSS}
 	sc := bufio.NewScanner(res.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok {
 			heap, _ = strconv.ParseFloat(v, 64)
 		}
+		if v, ok := strings.CutPrefix(line, `baton_api_live_deltas_dropped_total{reason="slow_client"} `); ok {
+			mem.slowDrops, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, `baton_api_live_deltas_dropped_total{reason="not_current_run"} `); ok {
+			mem.runDrops, _ = strconv.ParseFloat(v, 64)
+		}
 	}
-	return memory{rss: m.RSS, heap: int64(heap)}
+	mem.heap = int64(heap)
+	return mem
 }
 
 // forEach runs f on every client, at most n at a time.

@@ -219,7 +219,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if !d.fromRun || d.runID != current {
-			s.metrics.dropped.Inc()
+			s.metrics.dropped.WithLabelValues(dropNotCurrentRun).Inc()
 			return nil
 		}
 		_, err := w.Write(d.frame)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -34,6 +36,8 @@ type hub struct {
 	nc  *natsclient.Conn
 	cfg batonnats.EventsConfig
 	log zerolog.Logger
+	// slow counts the deltas dropped for a listener whose buffer is full.
+	slow prometheus.Counter
 
 	mu        sync.Mutex
 	listeners map[string]map[*listener]struct{} // by conversation key
@@ -77,8 +81,8 @@ type hubEvent struct {
 	data []byte
 }
 
-func newHub(js jetstream.JetStream, nc *natsclient.Conn, cfg batonnats.EventsConfig, log zerolog.Logger) *hub {
-	return &hub{js: js, nc: nc, cfg: cfg, log: log, listeners: map[string]map[*listener]struct{}{}}
+func newHub(js jetstream.JetStream, nc *natsclient.Conn, cfg batonnats.EventsConfig, log zerolog.Logger, slow prometheus.Counter) *hub {
+	return &hub{js: js, nc: nc, cfg: cfg, log: log, slow: slow, listeners: map[string]map[*listener]struct{}{}}
 }
 
 // start follows the stream from its current end, once; later calls report
@@ -208,6 +212,7 @@ func (h *hub) delta(m *natsclient.Msg) {
 		default:
 			// A preview lost, never a reply: deltas are worth nothing
 			// once the turn ends.
+			h.slow.Inc()
 		}
 	}
 }

@@ -15,13 +15,19 @@ import (
 	"github.com/batonhq/baton/internal/telemetry"
 )
 
+// Reasons of baton_api_live_deltas_dropped_total.
+const (
+	dropNotCurrentRun = "not_current_run"
+	dropSlowClient    = "slow_client"
+)
+
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	messages *prometheus.CounterVec
 	limited  *prometheus.CounterVec
 	streams  prometheus.Gauge
-	dropped  prometheus.Counter
+	dropped  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -47,10 +53,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_api_event_streams",
 			Help: "Live event streams open.",
 		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_api_live_deltas_dropped_total",
-			Help: "Live deltas not forwarded to a client: malformed, or not from the run that holds the conversation (a forgery, or a run that lost its lease).",
-		}),
+			Help: "Live deltas not forwarded to a client, by reason: not_current_run (malformed, or not from the run that holds the conversation: a forgery, or a run that lost its lease), slow_client (the client's stream had 64 deltas waiting; previews only, never a reply or an event).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{dropNotCurrentRun, dropSlowClient} {
+		m.dropped.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.messages, m.limited, m.streams, m.dropped} {
 		if err := reg.Register(c); err != nil {

@@ -195,7 +195,7 @@ func New(cfg Config) (*Server, error) {
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if cfg.JetStream != nil {
-		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log)
+		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log, m.dropped.WithLabelValues(dropSlowClient))
 		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
 	}
 	s.routes()

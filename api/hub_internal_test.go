@@ -1,0 +1,55 @@
+package api
+
+import (
+	"encoding/json"
+	"testing"
+
+	natsclient "github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// TestTheHubDropsDeltasForAFullListenerAndCountsThem: a stream whose
+// client is slower than the deltas loses previews, never blocks the hub
+// (and with it every other stream of the process), and the drops are
+// counted as slow_client; every listener of the conversation gets the same
+// rendered frame, which tells the run's own deltas from a forgery.
+func TestTheHubDropsDeltasForAFullListenerAndCountsThem(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	h := newHub(nil, nil, batonnats.EventsConfig{}, zerolog.Nop(), m.dropped.WithLabelValues(dropSlowClient))
+	const key = "c_key"
+	slow, _ := h.listen(key)
+	fast, _ := h.listen(key)
+	defer h.forget(key, slow)
+	defer h.forget(key, fast)
+
+	delta := func(subjectRun, bodyRun string, seq int64) *natsclient.Msg {
+		body, err := json.Marshal(batonnats.LiveDelta{RunID: bodyRun, Seq: seq, Type: batonnats.DeltaText, Text: "x"})
+		require.NoError(t, err)
+		return &natsclient.Msg{Subject: batonnats.LiveSubject(key, subjectRun), Data: body}
+	}
+	const extra = 5
+	for i := range listenerDeltas + extra {
+		h.delta(delta("run_1", "run_1", int64(i+1)))
+		// The fast listener keeps up.
+		d := <-fast.deltas
+		require.True(t, d.fromRun)
+		require.Equal(t, "run_1", d.runID)
+		require.Contains(t, string(d.frame), "event: delta\ndata: {")
+	}
+	require.Len(t, slow.deltas, listenerDeltas, "the slow listener's buffer is full")
+	var out dto.Metric
+	require.NoError(t, m.dropped.WithLabelValues(dropSlowClient).Write(&out))
+	require.Equal(t, float64(extra), out.GetCounter().GetValue(), "each delta the slow listener could not take is counted")
+
+	<-slow.deltas
+	h.delta(delta("run_2", "run_1", 1))
+	forged := <-fast.deltas
+	require.False(t, forged.fromRun, "a delta on another run's subject is not that run's")
+	require.Len(t, slow.deltas, listenerDeltas, "room again: the slow listener takes the next one")
+}
