@@ -75,6 +75,20 @@ func Setup(t testing.TB) *Bundle {
 		cancel()
 		require.NoError(t, <-done)
 	})
+	// The relay provisions the stream as it starts (an update of the one
+	// made above). A consumer created meanwhile races that update inside
+	// the embedded server, which the race detector reports; tests start
+	// their workers once the relay streams.
+	deadline := time.Now().Add(30 * time.Second)
+	for !r.Active() {
+		select {
+		case err := <-done:
+			t.Fatalf("outboxtest: the relay stopped before streaming: %v", err)
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "outboxtest: the relay did not stream within 30s")
+		time.Sleep(5 * time.Millisecond)
+	}
 	return b
 }
 
