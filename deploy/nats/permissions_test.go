@@ -205,8 +205,8 @@ func checkAPIOwnsTheEventsStream(ctx context.Context, c *cluster) error {
 // do and acknowledges it, waiting for the server to confirm the
 // acknowledgement. A pull sent in the moment after the durable's creation,
 // before its node has told the others, finds no responder and is sent
-// again only when the pull's heartbeats are missed: a short expiry keeps
-// that wait short.
+// again only when the pull's heartbeats are missed (Next reports that, and
+// is called again): a short expiry keeps that wait short.
 func fetchAndAck(ctx context.Context, cl *client, who string, cons jetstream.Consumer) error {
 	var msg jetstream.Msg
 	if err := cl.allowed(ctx, who+" pulls a trigger", func(ctx context.Context) error {
@@ -215,8 +215,15 @@ func fetchAndAck(ctx context.Context, cl *client, who string, cons jetstream.Con
 			return err
 		}
 		defer it.Stop()
-		msg, err = it.Next(jetstream.NextContext(ctx))
-		return err
+		for {
+			msg, err = it.Next(jetstream.NextContext(ctx))
+			// Missed heartbeats are reported, and the iterator pulls
+			// again: the durable may not have been known to the node
+			// that got the first pull.
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				return err
+			}
+		}
 	}); err != nil {
 		return err
 	}
