@@ -48,11 +48,23 @@ type hub struct {
 	first, last uint64
 	boundsAt    time.Time
 
-	startOnce sync.Once
-	startErr  error
-	stop      context.CancelFunc
-	done      chan struct{}
+	// startMu guards following: started once it works, retried (at most
+	// once every retry) while it fails, never again once closed.
+	startMu sync.Mutex
+	started bool
+	closed  bool
+	retry   time.Duration
+	lastTry time.Time
+	lastErr error
+	stop    context.CancelFunc
+	done    chan struct{}
 }
+
+// hubStartRetry is how soon a hub that could not start following (NATS or
+// the events stream away) tries again, when a client asks.
+const hubStartRetry = time.Second
+
+var errHubClosed = errors.New("api: closed")
 
 // listener is one open event stream's inbox.
 type listener struct {
@@ -82,82 +94,103 @@ type hubEvent struct {
 }
 
 func newHub(js jetstream.JetStream, nc *natsclient.Conn, cfg batonnats.EventsConfig, log zerolog.Logger, slow prometheus.Counter) *hub {
-	return &hub{js: js, nc: nc, cfg: cfg, log: log, slow: slow, listeners: map[string]map[*listener]struct{}{}}
+	return &hub{js: js, nc: nc, cfg: cfg, log: log, slow: slow, retry: hubStartRetry, listeners: map[string]map[*listener]struct{}{}}
 }
 
-// start follows the stream from its current end, once; later calls report
-// how that went.
+// start follows the stream from its current end. Once that works, later
+// calls return nil at once; while it fails (NATS or the events stream is
+// away), a call within retry of the last attempt returns that attempt's
+// error, and a later one tries again.
 func (h *hub) start() error {
-	h.startOnce.Do(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		stream, err := h.js.Stream(ctx, h.cfg.Name)
-		if err != nil {
-			cancel()
-			h.startErr = err
-			return
-		}
-		state := stream.CachedInfo().State
-		h.position, h.first, h.last, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, time.Now()
-		cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{h.cfg.SubjectPrefix + ".>"},
-			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-			OptStartSeq:    state.LastSeq + 1,
-		})
-		if err != nil {
-			cancel()
-			h.startErr = err
-			return
-		}
-		iter, err := cons.Messages()
-		if err != nil {
-			cancel()
-			h.startErr = err
-			return
-		}
-		var sub *natsclient.Subscription
-		if h.nc != nil {
-			sub, err = h.nc.Subscribe(batonnats.LivePrefix+".>", h.delta)
-			if err != nil {
-				iter.Stop()
-				cancel()
-				h.startErr = err
-				return
-			}
-		}
-		h.stop, h.done = cancel, make(chan struct{})
-		go func() {
-			defer close(h.done)
-			context.AfterFunc(ctx, iter.Stop)
-			for {
-				m, err := iter.Next()
-				if err != nil {
-					if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-						break
-					}
-					// The ordered consumer recreates itself after a lost
-					// connection; do not spin meanwhile.
-					select {
-					case <-ctx.Done():
-					case <-time.After(100 * time.Millisecond):
-					}
-					continue
-				}
-				h.event(m)
-			}
-			if sub != nil {
-				_ = sub.Unsubscribe()
-			}
-		}()
-	})
-	return h.startErr
+	h.startMu.Lock()
+	defer h.startMu.Unlock()
+	switch {
+	case h.closed:
+		return errHubClosed
+	case h.started:
+		return nil
+	case !h.lastTry.IsZero() && time.Since(h.lastTry) < h.retry:
+		return h.lastErr
+	}
+	h.lastTry = time.Now()
+	h.lastErr = h.follow()
+	h.started = h.lastErr == nil
+	return h.lastErr
 }
 
-// close stops following; open streams end on their own (Server.Close).
+// follow starts the goroutine that hands out the stream's events, and the
+// subscription to the live subjects.
+func (h *hub) follow() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := h.js.Stream(ctx, h.cfg.Name)
+	if err != nil {
+		cancel()
+		return err
+	}
+	state := stream.CachedInfo().State
+	h.mu.Lock()
+	h.position, h.first, h.last, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, time.Now()
+	h.mu.Unlock()
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{h.cfg.SubjectPrefix + ".>"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    state.LastSeq + 1,
+	})
+	if err != nil {
+		cancel()
+		return err
+	}
+	iter, err := cons.Messages()
+	if err != nil {
+		cancel()
+		return err
+	}
+	var sub *natsclient.Subscription
+	if h.nc != nil {
+		sub, err = h.nc.Subscribe(batonnats.LivePrefix+".>", h.delta)
+		if err != nil {
+			iter.Stop()
+			cancel()
+			return err
+		}
+	}
+	h.stop, h.done = cancel, make(chan struct{})
+	go func() {
+		defer close(h.done)
+		context.AfterFunc(ctx, iter.Stop)
+		for {
+			m, err := iter.Next()
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					break
+				}
+				// The ordered consumer recreates itself after a lost
+				// connection; do not spin meanwhile.
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			h.event(m)
+		}
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
+	}()
+	return nil
+}
+
+// close stops following, and keeps the hub from starting again; open
+// streams end on their own (Server.Close).
 func (h *hub) close() {
-	h.startOnce.Do(func() { h.startErr = errors.New("api: closed") })
-	if h.stop != nil {
-		h.stop()
-		<-h.done
+	h.startMu.Lock()
+	h.closed = true
+	stop, done := h.stop, h.done
+	h.startMu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
 	}
 }
 

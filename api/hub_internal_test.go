@@ -1,8 +1,10 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -52,4 +55,33 @@ func TestTheHubDropsDeltasForAFullListenerAndCountsThem(t *testing.T) {
 	forged := <-fast.deltas
 	require.False(t, forged.fromRun, "a delta on another run's subject is not that run's")
 	require.Len(t, slow.deltas, listenerDeltas, "room again: the slow listener takes the next one")
+}
+
+// TestAHubThatCouldNotStartTriesAgain: an API that found no events stream
+// (or no NATS) when the first client asked must not refuse live events
+// for the rest of its life: once the stream is there, the next client
+// after the retry interval gets a hub that follows it; a closed hub never
+// starts again.
+func TestAHubThatCouldNotStartTriesAgain(t *testing.T) {
+	n := testenv.StartNATS(t)
+	nc, js := n.Connect(t)
+	cfg := batonnats.EventsConfig{Name: "HUB_RETRY", SubjectPrefix: "hubretry"}.WithDefaults()
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	h := newHub(js, nc, cfg, zerolog.Nop(), m.dropped.WithLabelValues(dropSlowClient))
+	h.retry = 50 * time.Millisecond
+	defer h.close()
+
+	first := h.start()
+	require.Error(t, first, "no events stream yet")
+	require.Equal(t, first, h.start(), "within the retry interval the last error stands")
+
+	_, _, err = batonnats.ProvisionEventsStream(context.Background(), js, cfg, batonnats.ProvisionOptions{})
+	require.NoError(t, err)
+	time.Sleep(h.retry) // the interval under test
+	require.NoError(t, h.start(), "the next call after the interval follows the stream")
+	require.NoError(t, h.start())
+
+	h.close()
+	require.ErrorIs(t, h.start(), errHubClosed)
 }

@@ -288,14 +288,22 @@ func checkLiveAndEventsReachTheAPI(ctx context.Context, c *cluster) error {
 	// gives).
 	var events jetstream.MessagesContext
 	if err := api.allowed(ctx, "api follows a conversation's events", func(ctx context.Context) error {
-		cons, err := api.js.OrderedConsumer(ctx, eventsStream.Name, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{eventsStream.Subject(conversation)},
-		})
-		if err != nil {
-			return err
+		// A create request sent while the cluster still places the events
+		// stream made just before can go unanswered: ask again, as the
+		// API does when it starts following, until the step's deadline.
+		for {
+			tryCtx, cancel := context.WithTimeout(ctx, 4*time.Second)
+			cons, err := api.js.OrderedConsumer(tryCtx, eventsStream.Name, jetstream.OrderedConsumerConfig{
+				FilterSubjects: []string{eventsStream.Subject(conversation)},
+			})
+			cancel()
+			if err == nil {
+				events, err = cons.Messages(jetstream.PullExpiry(3 * time.Second))
+			}
+			if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
 		}
-		events, err = cons.Messages(jetstream.PullExpiry(3 * time.Second))
-		return err
 	}); err != nil {
 		return err
 	}
