@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"context"
 	"os"
 	"sync"
 	"testing"
@@ -48,18 +47,7 @@ func (b *bundle) startWorker(cfg Config) *Worker {
 	b.T.Helper()
 	w, err := New(cfg)
 	require.NoError(b.T, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	b.T.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(b.T, err)
-		case <-time.After(30 * time.Second):
-			b.T.Error("worker did not stop within 30s of its context ending")
-		}
-	})
+	outboxtest.RunInBackground(b.T, "worker", w.Run)
 	return w
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/outboxtest"
 	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
@@ -66,7 +67,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 		SweepAge:      time.Hour,
 	}, ha.DB.Pool, nc, zerolog.Nop())
 	require.NoError(t, err)
-	runInBackground(t, "relay", r.Run)
+	outboxtest.RunInBackground(t, "relay", r.Run)
 	// The relay provisions the stream before it streams; the worker joins
 	// it after that.
 	pollUntil(t, 30*time.Second, func() bool {
@@ -99,7 +100,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 		},
 	})
 	require.NoError(t, err)
-	runInBackground(t, "worker", w.Run)
+	outboxtest.RunInBackground(t, "worker", w.Run)
 	repliesSeen := func() int {
 		mu.Lock()
 		defer mu.Unlock()
@@ -234,23 +235,6 @@ func postSynchronously(t *testing.T, pool *pgxpool.Pool, owner int64, conversati
 	if err != nil {
 		t.Errorf("post %s: %v", messageID, err)
 	}
-}
-
-// runInBackground runs a service until the test ends and checks that it
-// stopped cleanly.
-func runInBackground(t *testing.T, name string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err, "%s stopped with an error", name)
-		case <-time.After(30 * time.Second):
-			t.Errorf("%s did not stop within 30s of its context ending", name)
-		}
-	})
 }
 
 // pollUntil polls external state (stream, consumer and server views)

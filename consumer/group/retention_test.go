@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/outboxtest"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -25,18 +26,7 @@ func (b *bundle) startTurns() {
 		RecoveryInterval: 500 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
 	})
 	require.NoError(b.T, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	b.T.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(b.T, err)
-		case <-time.After(30 * time.Second):
-			b.T.Error("worker did not stop within 30s of its context ending")
-		}
-	})
+	outboxtest.RunInBackground(b.T, "worker", w.Run)
 }
 
 // settledTurns waits until every outbox row is done or error, every event

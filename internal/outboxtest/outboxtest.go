@@ -227,3 +227,22 @@ func (b *Bundle) ConsumerSettled(name string, timeout time.Duration) {
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.NumRedelivered == 0
 	}, "consumer %s has every event acked", name)
 }
+
+// RunInBackground runs run (a worker's, a group's or a relay's Run) until
+// the test ends, then cancels it and fails the test when it returns an
+// error or does not return within 30 seconds.
+func RunInBackground(t testing.TB, name string, run func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "%s stopped with an error", name)
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s did not stop within 30s of its context ending", name)
+		}
+	})
+}
