@@ -35,8 +35,8 @@ func (r *Relay) streamLoop(ctx context.Context) {
 // still kept, and the refusal is logged once.
 //
 // NATS away only leaves the last values: the relay says so elsewhere.
-func (r *Relay) observeStream(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
+func (r *Relay) observeStream(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, r.cfg.AckTimeout)
 	defer cancel()
 	stream, err := r.api.Stream(ctx, r.cfg.Stream.Name)
 	if err != nil {
@@ -63,6 +63,10 @@ func (r *Relay) observeStream(ctx context.Context) {
 		r.metrics.consumerAckFloor.WithLabelValues(name).Set(float64(ci.AckFloor.Stream))
 	}
 	if err := list.Err(); err != nil {
+		if parent.Err() != nil {
+			// The relay is stopping: nothing was refused.
+			return
+		}
 		if !r.consumerListRefused {
 			r.consumerListRefused = true
 			r.log.Warn().Err(err).Str("stream", r.cfg.Stream.Name).
