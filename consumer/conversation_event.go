@@ -5,28 +5,80 @@ import (
 	"fmt"
 	"time"
 
+	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	batonnats "github.com/batonhq/baton/nats"
 )
 
-// publishTimeout bounds the publication of one conversation event.
-const publishTimeout = 2 * time.Second
+// Limits of a worker's event publication.
+const (
+	// publishTimeout bounds how long the stream may take to store one
+	// conversation event.
+	publishTimeout = 2 * time.Second
+	// publishMaxPending bounds the events sent and not yet stored: past
+	// it a publication waits (at most stallWait), then is dropped with a
+	// warning, so that a broker that stopped answering costs bounded
+	// memory and never stops a turn.
+	publishMaxPending = 4096
+	publishStallWait  = 200 * time.Millisecond
+	// EventFlushTimeout is how long a stopping worker waits for the
+	// stream to store the events it sent last (EventPublisher.Flush).
+	EventFlushTimeout = publishTimeout
+)
 
-// EventPublisher returns a worker's OnConversationEvent that publishes
-// every committed change of a turn as a conversation event for live
-// clients.
-func EventPublisher(js jetstream.JetStream, events batonnats.EventsConfig, log zerolog.Logger) func(batonnats.ConversationEvent) {
-	pub := batonnats.NewEventPublisher(js, events, false)
-	return func(ev batonnats.ConversationEvent) {
-		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
-		defer cancel()
-		// The run, the change and the turn identify it: a republication of
-		// the same change within the duplicate window is dropped.
-		msgID := fmt.Sprintf("%s-%s-%s", ev.RunID, ev.Type, ev.TurnID)
-		if err := pub.Publish(ctx, ev, msgID); err != nil {
-			log.Warn().Err(err).Str("conversation_id", ev.ConversationID).Str("event", string(ev.Type)).Msg("could not publish conversation event")
-		}
+// EventPublisher publishes a worker's conversation events for live
+// clients, without waiting on the turn: its Publish, a worker's
+// OnConversationEvent, sends the event and returns, and the stream's
+// acknowledgement is awaited in the background. The events of one
+// conversation are published from one goroutine in the order of their
+// commits, and one connection keeps that order to the stream. A
+// publication the stream did not store is logged, as a late one was.
+type EventPublisher struct {
+	pub *batonnats.EventPublisher
+	js  jetstream.JetStream
+	log zerolog.Logger
+}
+
+// NewEventPublisher returns a publisher of events to the events stream
+// over js's connection.
+func NewEventPublisher(js jetstream.JetStream, events batonnats.EventsConfig, log zerolog.Logger) (*EventPublisher, error) {
+	p := &EventPublisher{log: log}
+	ajs, err := jetstream.New(js.Conn(),
+		jetstream.WithPublishAsyncMaxPending(publishMaxPending),
+		jetstream.WithPublishAsyncTimeout(publishTimeout),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *natsclient.Msg, err error) {
+			p.log.Warn().Err(err).Str("subject", m.Subject).Msg("could not publish conversation event")
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("consumer: event publisher: %w", err)
+	}
+	p.js = ajs
+	p.pub = batonnats.NewEventPublisher(ajs, events, false)
+	return p, nil
+}
+
+// Publish sends a committed change of a conversation's turn; it is a
+// worker's OnConversationEvent.
+func (p *EventPublisher) Publish(ev batonnats.ConversationEvent) {
+	// The run, the change and the turn identify it: a republication of
+	// the same change within the duplicate window is dropped.
+	m, err := p.pub.Msg(ev, fmt.Sprintf("%s-%s-%s", ev.RunID, ev.Type, ev.TurnID))
+	if err == nil {
+		_, err = p.js.PublishMsgAsync(m, jetstream.WithStallWait(publishStallWait))
+	}
+	if err != nil {
+		p.log.Warn().Err(err).Str("conversation_id", ev.ConversationID).Str("event", string(ev.Type)).Msg("could not publish conversation event")
+	}
+}
+
+// Flush waits until the stream has answered every event sent, or ctx ends.
+func (p *EventPublisher) Flush(ctx context.Context) error {
+	select {
+	case <-p.js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("consumer: %d conversation events still unacknowledged: %w", p.js.PublishAsyncPending(), ctx.Err())
 	}
 }

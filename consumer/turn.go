@@ -40,15 +40,17 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		log = log.With().Str("trace_id", tid.String()).Logger()
 	}
 	_, claimSpan := telemetry.Tracer().Start(trace.ContextWithSpan(w.hardCtx, span), "claim")
-	// One statement claims a free conversation and loads the turn.
-	claim, in, err := schema.ClaimTurn(w.hardCtx, w.cfg.Pool, schema.ClaimParams{
+	// One statement claims a free conversation and loads the turn, with
+	// the claims of other conversations that are ready at the same time.
+	res := w.claims.do(schema.ClaimParams{
 		ConversationID: mb.conversationID,
 		RunID:          runID,
 		Worker:         w.cfg.Name,
 		Lease:          w.cfg.Lease,
 		MaxAttempts:    w.cfg.MaxAttempts,
 		MaxRows:        w.cfg.MaxTurnMessages,
-	}, w.cfg.HistoryLimit)
+	})
+	claim, in, err := res.Claim, res.Input, res.Err
 	claimSpan.End()
 	var busy *schema.BusyError
 	var wait *schema.WaitError
@@ -204,8 +206,9 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 // commitFinalize ends a turn in one transaction. It is a variable only so
 // that the chaos harness can prove it fails a finalize that is not atomic:
 // a build with the chaosbroken tag replaces it, and no other code does.
-var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
-	return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
+var commitFinalize = func(_ context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
+	r := w.finalizes.do(f)
+	return r.Finalized, r.Err
 }
 
 // finalize commits the reply, then acks.

@@ -156,7 +156,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 		var n int
 		err := ha.DB.Pool.QueryRow(ctx, `
 			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM conversations WHERE id = $1 FOR%'`).Scan(&n)
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND (query LIKE '%FROM conversations WHERE id = $1 FOR%' OR query LIKE '%c.id = ANY($1) ORDER BY c.id FOR UPDATE%')`).Scan(&n)
 		return err == nil && n > 0
 	}
 	// A claim that did not wait for the producer (a lock that does not

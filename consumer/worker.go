@@ -16,6 +16,7 @@ import (
 	"github.com/batonhq/baton/consumer/pull"
 	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // Defaults of a worker.
@@ -76,8 +77,10 @@ type Config struct {
 	// in progress at the same time. A worker that dies holds the
 	// conversation for at most this long. Defaults to 30s.
 	Lease time.Duration
-	// Concurrency is how many turns this worker runs at once. Defaults to
-	// 64.
+	// Concurrency is how many turns this worker runs at once, and the
+	// most claims or finalizes one statement carries: the worker sends
+	// one claim statement and one finalize statement at a time, each with
+	// every call that waited for the one before. Defaults to 64.
 	Concurrency int
 	// HistoryLimit is how many earlier messages a turn is given. Defaults
 	// to 50.
@@ -235,6 +238,10 @@ type Worker struct {
 
 	// slots bounds running turns.
 	slots chan struct{}
+	// claims and finalizes run the claims and finalizes of turns ready at
+	// the same time in one statement each.
+	claims    *batcher[schema.ClaimParams, schema.ClaimResult]
+	finalizes *batcher[schema.Finalize, schema.FinalizeResult]
 
 	mu        sync.Mutex
 	mailboxes map[string]*mailbox
@@ -298,6 +305,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
 	w.mailboxes = map[string]*mailbox{}
 	w.stopping = make(chan struct{})
+	w.claims = startBatcher(w.cfg.Concurrency, func(ps []schema.ClaimParams) []schema.ClaimResult {
+		return schema.ClaimTurns(hardCtx, w.cfg.Pool, ps, w.cfg.HistoryLimit)
+	})
+	w.finalizes = startBatcher(w.cfg.Concurrency, func(fs []schema.Finalize) []schema.FinalizeResult {
+		// A finalize runs even when the turn's context has ended: an
+		// answer that exists is worth committing.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(hardCtx), commitTimeout)
+		defer cancel()
+		return schema.FinalizeTurns(ctx, w.cfg.Pool, fs)
+	})
 
 	var loops sync.WaitGroup
 	loops.Go(func() { w.recoveryLoop(ctx) })
@@ -319,6 +336,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		hardCancel()
 		<-done
 	}
+	// Every turn is over: no claim or finalize comes any more.
+	w.claims.close()
+	w.finalizes.close()
 	loops.Wait()
 	if runErr != nil {
 		return runErr

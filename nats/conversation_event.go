@@ -139,15 +139,15 @@ func NewEventPublisher(js jetstream.JetStream, cfg EventsConfig, owner bool) *Ev
 	return &EventPublisher{js: js, cfg: cfg.WithDefaults(), owner: owner}
 }
 
-// Publish sends ev. msgID, when not empty, deduplicates a republication of
-// the same change.
-func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgID string) error {
+// Msg is the message of ev on its conversation's subject. msgID, when not
+// empty, deduplicates a republication of the same change.
+func (p *EventPublisher) Msg(ev ConversationEvent, msgID string) (*natsclient.Msg, error) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
 	body, err := json.Marshal(ev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m := natsclient.NewMsg(p.cfg.Subject(ev.ConversationID))
 	m.Data = body
@@ -155,6 +155,16 @@ func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgI
 		// msgID may hold an id of any text: encoded, it stays exact and
 		// ASCII (EncodeHeaderValue), so two ids never share a dedup slot.
 		m.Header.Set(HeaderMsgID, EncodeHeaderValue(msgID))
+	}
+	return m, nil
+}
+
+// Publish sends ev and waits for the stream to store it. msgID, when not
+// empty, deduplicates a republication of the same change.
+func (p *EventPublisher) Publish(ctx context.Context, ev ConversationEvent, msgID string) error {
+	m, err := p.Msg(ev, msgID)
+	if err != nil {
+		return err
 	}
 	_, err = p.js.PublishMsg(ctx, m)
 	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.owner {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Beginner runs queries and starts transactions: *pgxpool.Pool and
@@ -17,64 +18,87 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// claimSQL is the whole of a claim that finds its conversation free, in one
-// statement (one round trip, its own transaction): lock the conversation,
-// take the oldest pending rows (at most $4, or all when $4 < 0), mark them
-// processing, take the lease, record the run, and read the turn's messages
-// and the history before it. Data-modifying CTEs see the statement's
-// snapshot, in which the claimed rows are still pending: the history,
-// which keeps only rows done or failed, leaves them out as it must. When
-// the conversation is held or waits, nothing is written and the row says
-// why.
+// claimSQL is the whole of the claims of conversations found free, in one
+// statement (one round trip, its own transaction), for any number of
+// conversations: lock them (in the order of their IDs, as every statement
+// that locks several conversations does, so that two never wait for each
+// other), take each one's oldest pending rows (at most its max_rows, or all
+// when that is negative), mark them processing, take the lease, record the
+// run, and read each turn's messages and the history before it. It returns
+// one row per requested conversation, in the order asked (ord).
+// Data-modifying CTEs see the statement's snapshot, in which the claimed
+// rows are still pending: the history, which keeps only rows done or
+// failed, leaves them out as it must. When a conversation is held or
+// waits, nothing is written for it and its row says why.
 //
-// The snapshot predates the wait for the conversation's lock: a run may
+// The snapshot predates the wait for the conversations' locks: a run may
 // have claimed and finished rows in between, which the snapshot still
 // shows pending. The UPDATE checks the status again on the row it changes
 // (a changed row is re-read under READ COMMITTED), so a row another run
 // took is never taken twice; the turn CTE alone would not see that.
 const claimSQL = `
-WITH conv AS (
-	SELECT run_id, lease_expires_at, coalesce(lease_expires_at <= now(), false) AS expired,
-		not_before, coalesce(not_before > now(), false) AS waiting
-	FROM conversations WHERE id = $1 FOR UPDATE),
-free AS (SELECT 1 FROM conv WHERE run_id IS NULL AND NOT waiting),
+WITH req AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, lease_secs, max_rows, worker, ord)),
+conv AS (
+	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting
+	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
+free AS (
+	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
+	WHERE conv.run_id IS NULL AND NOT conv.waiting),
 turn AS (
-	SELECT id FROM agent_outbox
-	WHERE conversation_id = $1 AND status = 'pending' AND EXISTS (SELECT 1 FROM free)
-	ORDER BY id
-	LIMIT CASE WHEN $4::bigint < 0 THEN NULL ELSE $4::bigint + 1 END),
-picked AS (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $4::bigint < 0 THEN NULL ELSE $4::bigint END),
+	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
+		SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM agent_outbox o
+		WHERE o.conversation_id = f.conversation_id AND o.status = 'pending'
+		ORDER BY o.id
+		LIMIT CASE WHEN f.max_rows < 0 THEN NULL ELSE f.max_rows + 1 END) t),
 claimed AS (
-	UPDATE agent_outbox o SET status = 'processing', attempts = attempts + 1, run_id = $2
-	FROM picked WHERE o.id = picked.id AND o.status = 'pending'
-	RETURNING o.id, o.attempts, o.created_at, o.message_id, o.trace_parent),
+	UPDATE agent_outbox o SET status = 'processing', attempts = o.attempts + 1, run_id = t.run_id
+	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
+	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent),
 agg AS (
-	SELECT array_agg(id ORDER BY id) AS ids,
+	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
 		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
 		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id), 'UTF8')), 'hex'), 32) AS turn_id,
 		max(attempts) AS attempts, min(created_at) AS first_created_at
-	FROM claimed HAVING count(*) > 0),
+	FROM claimed GROUP BY conversation_id),
 lease AS (
-	UPDATE conversations
-	SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
-	WHERE id = $1 AND EXISTS (SELECT 1 FROM agg)
-	RETURNING lease_expires_at),
+	UPDATE conversations c
+	SET run_id = r.run_id, lease_expires_at = clock_timestamp() + make_interval(secs => r.lease_secs), not_before = NULL
+	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id
+	WHERE c.id = agg.conversation_id
+	RETURNING c.id, c.lease_expires_at),
 run AS (
 	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
-	SELECT $2, $1, agg.turn_id, agg.ids, $5, clock_timestamp(), lease.lease_expires_at FROM agg, lease
-	RETURNING lease_expires_at)
-SELECT conv.run_id, conv.lease_expires_at, conv.expired, conv.not_before, conv.waiting,
-	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.first_created_at, (SELECT lease_expires_at FROM run),
-	(SELECT count(*) FROM turn),
+	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, clock_timestamp(), lease.lease_expires_at
+	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id JOIN lease ON lease.id = agg.conversation_id
+	RETURNING conversation_id, lease_expires_at)
+SELECT r.ord, conv.id IS NOT NULL, conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
+	conv.not_before, coalesce(conv.waiting, false),
+	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.first_created_at, run.lease_expires_at,
+	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
-	 FROM messages m JOIN claimed c ON c.message_id = m.id),
+	 FROM messages m JOIN claimed c ON c.message_id = m.id WHERE c.conversation_id = r.conversation_id),
 	(SELECT json_agg(h ORDER BY h.seq) FROM (
 		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND EXISTS (SELECT 1 FROM agg)
+		WHERE m.conversation_id = r.conversation_id AND (o.id IS NULL OR o.status IN ('done', 'error')) AND agg.ids IS NOT NULL
 		ORDER BY m.seq DESC LIMIT $6) h)
-FROM conv LEFT JOIN agg ON true`
+FROM req r
+LEFT JOIN conv ON conv.id = r.conversation_id
+LEFT JOIN agg ON agg.conversation_id = r.conversation_id
+LEFT JOIN run ON run.conversation_id = r.conversation_id
+ORDER BY r.ord`
+
+// ClaimResult is the outcome of one claim of ClaimTurns: ClaimTurn's
+// results.
+type ClaimResult struct {
+	Claim Claim
+	Input TurnInput
+	Err   error
+}
 
 // ClaimTurn claims a conversation's pending rows for one run and loads the
 // turn: the messages of exactly the claimed rows and up to historyLimit
@@ -83,82 +107,170 @@ FROM conv LEFT JOIN agg ON true`
 // only a conversation whose owner's lease expired takes ClaimTx's path, in
 // a transaction, to recover that run first. Its errors are ClaimTx's.
 func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int) (Claim, TurnInput, error) {
-	if p.Lease <= 0 {
-		return Claim{}, TurnInput{}, errors.New("claim: lease must be positive")
+	r := ClaimTurns(ctx, db, []ClaimParams{p}, historyLimit)[0]
+	return r.Claim, r.Input, r.Err
+}
+
+// ClaimTurns is ClaimTurn for several conversations in one statement: one
+// round trip and one transaction for all of them, each claimed or refused
+// on its own exactly as ClaimTurn would. Its result i is claim i's. When
+// the server refuses the statement as a whole (a deadlock, or an input it
+// cannot take), each conversation is claimed again alone, so that one
+// conversation's trouble never holds up another's; an error of the
+// connection is every claim's.
+func ClaimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit int) []ClaimResult {
+	out := make([]ClaimResult, len(ps))
+	seen := make(map[string]bool, len(ps))
+	todo := make([]int, 0, len(ps))
+	for i, p := range ps {
+		switch {
+		case p.Lease <= 0:
+			out[i].Err = errors.New("claim: lease must be positive")
+		case seen[p.ConversationID]:
+			out[i].Err = fmt.Errorf("claim: conversation %s is asked for twice in one batch", p.ConversationID)
+		default:
+			seen[p.ConversationID] = true
+			todo = append(todo, i)
+		}
 	}
-	limit := int64(p.MaxRows)
-	if limit <= 0 {
-		limit = -1
+	rows, err := claimScan(ctx, db, ps, todo, historyLimit)
+	var pgErr *pgconn.PgError
+	if err != nil && len(todo) > 1 && errors.As(err, &pgErr) && ctx.Err() == nil {
+		for _, i := range todo {
+			out[i] = ClaimTurns(ctx, db, ps[i:i+1], historyLimit)[0]
+		}
+		return out
 	}
-	var (
-		owner                    *string
-		expires, notBefore       *time.Time
-		expired, waiting         bool
-		ids                      []int64
-		traceParents             []string
-		turnID                   *string
-		attempts                 *int
-		firstCreated, leaseUntil *time.Time
-		pending                  int64
-		messages, history        []byte
-	)
-	scan := func() error {
-		return db.QueryRow(ctx, claimSQL, p.ConversationID, p.RunID, p.Lease.Seconds(), limit, p.Worker, max(historyLimit, 0)).Scan(
-			&owner, &expires, &expired, &notBefore, &waiting, &ids, &traceParents, &turnID, &attempts, &firstCreated, &leaseUntil,
-			&pending, &messages, &history)
+	if err != nil {
+		for _, i := range todo {
+			out[i].Err = fmt.Errorf("claim: %w", err)
+		}
+		return out
 	}
-	err := scan()
-	if err == nil && owner == nil && !waiting && len(ids) == 0 {
-		// Visibility: the statement's snapshot predates its wait for the
-		// conversation's lock. A producer holds that lock until its commit
-		// is visible, and logical decoding can hand the relay that commit
-		// before then: this statement may have waited for exactly the
-		// commit whose trigger it serves, and not seen its row. A second
-		// statement's snapshot is newer than that wait, so it sees every
-		// commit that held the lock.
-		err = scan()
+	// Visibility: the statement's snapshot predates its wait for the
+	// conversations' locks. A producer holds that lock until its commit
+	// is visible, and logical decoding can hand the relay that commit
+	// before then: this statement may have waited for exactly the commit
+	// whose trigger it serves, and not seen its row. A second statement's
+	// snapshot is newer than that wait, so it sees every commit that held
+	// the lock.
+	var again []int
+	for k, i := range todo {
+		if r := rows[k]; r.exists && r.owner == nil && !r.waiting && len(r.ids) == 0 {
+			again = append(again, i)
+			continue
+		}
+		out[i] = rows[k].result(ctx, db, ps[i], historyLimit)
 	}
+	if len(again) == 0 {
+		return out
+	}
+	rows, err = claimScan(ctx, db, ps, again, historyLimit)
+	for k, i := range again {
+		if err != nil {
+			out[i].Err = fmt.Errorf("claim: %w", err)
+			continue
+		}
+		out[i] = rows[k].result(ctx, db, ps[i], historyLimit)
+	}
+	return out
+}
+
+// claimRow is one conversation's row of claimSQL.
+type claimRow struct {
+	exists                   bool
+	owner                    *string
+	expires, notBefore       *time.Time
+	expired, waiting         bool
+	ids                      []int64
+	traceParents             []string
+	turnID                   *string
+	attempts                 *int
+	firstCreated, leaseUntil *time.Time
+	pending                  int64
+	messages, history        []byte
+}
+
+// claimScan runs claimSQL for the claims ps[i] of which, returning their
+// rows in that order.
+func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int) ([]claimRow, error) {
+	n := len(which)
+	convs, runs, workers := make([]string, n), make([]string, n), make([]string, n)
+	leases := make([]float64, n)
+	limits := make([]int64, n)
+	for k, i := range which {
+		p := ps[i]
+		convs[k], runs[k], workers[k], leases[k] = p.ConversationID, p.RunID, p.Worker, p.Lease.Seconds()
+		limits[k] = int64(p.MaxRows)
+		if limits[k] <= 0 {
+			limits[k] = -1
+		}
+	}
+	rows, err := db.Query(ctx, claimSQL, convs, runs, leases, limits, workers, max(historyLimit, 0))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]claimRow, n)
+	for rows.Next() {
+		var ord int64
+		var r claimRow
+		if err := rows.Scan(&ord, &r.exists, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting,
+			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.firstCreated, &r.leaseUntil,
+			&r.pending, &r.messages, &r.history); err != nil {
+			return nil, err
+		}
+		if ord < 1 || ord > int64(n) {
+			return nil, fmt.Errorf("claim: row %d of %d requested", ord, n)
+		}
+		out[ord-1] = r
+	}
+	return out, rows.Err()
+}
+
+// result is what ClaimTurn returns for p, given its row.
+func (r claimRow) result(ctx context.Context, db Beginner, p ClaimParams, historyLimit int) ClaimResult {
+	fail := func(err error) ClaimResult { return ClaimResult{Err: err} }
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Claim{}, TurnInput{}, ErrConversationDeleted
-	case err != nil:
-		return Claim{}, TurnInput{}, fmt.Errorf("claim: %w", err)
-	case owner != nil && expired:
+	case !r.exists:
+		return fail(ErrConversationDeleted)
+	case r.owner != nil && r.expired:
 		// Recovering the run that held the conversation is a
 		// transaction of several steps: ClaimTx's path.
-		return claimRecovering(ctx, db, p, historyLimit)
-	case owner != nil:
-		return Claim{}, TurnInput{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
-	case waiting:
-		return Claim{}, TurnInput{}, &WaitError{NotBefore: *notBefore}
+		c, in, err := claimRecovering(ctx, db, p, historyLimit)
+		return ClaimResult{Claim: c, Input: in, Err: err}
+	case r.owner != nil:
+		return fail(&BusyError{RunID: *r.owner, LeaseExpiresAt: *r.expires})
+	case r.waiting:
+		return fail(&WaitError{NotBefore: *r.notBefore})
 	}
 	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
-	if len(ids) == 0 {
-		return c, TurnInput{}, nil
+	if len(r.ids) == 0 {
+		return ClaimResult{Claim: c}
 	}
-	c.OutboxIDs, c.TurnID, c.Attempts = ids, *turnID, *attempts
-	for _, tp := range traceParents {
+	c.OutboxIDs, c.TurnID, c.Attempts = r.ids, *r.turnID, *r.attempts
+	for _, tp := range r.traceParents {
 		if tp != "" {
 			c.TraceParents = append(c.TraceParents, tp)
 		}
 	}
-	c.FirstCreatedAt, c.LeaseExpiresAt = *firstCreated, *leaseUntil
-	c.More = limit >= 0 && pending > limit
+	c.FirstCreatedAt, c.LeaseExpiresAt = *r.firstCreated, *r.leaseUntil
+	c.More = p.MaxRows > 0 && r.pending > int64(p.MaxRows)
 	var in TurnInput
-	if err := json.Unmarshal(messages, &in.Messages); err != nil {
-		return c, in, fmt.Errorf("claim: read the turn's messages: %w", err)
+	if err := json.Unmarshal(r.messages, &in.Messages); err != nil {
+		return ClaimResult{Claim: c, Input: in, Err: fmt.Errorf("claim: read the turn's messages: %w", err)}
 	}
-	if len(history) > 0 {
-		if err := json.Unmarshal(history, &in.History); err != nil {
-			return c, in, fmt.Errorf("claim: read the history: %w", err)
+	if len(r.history) > 0 {
+		if err := json.Unmarshal(r.history, &in.History); err != nil {
+			return ClaimResult{Claim: c, Input: in, Err: fmt.Errorf("claim: read the history: %w", err)}
 		}
 	}
 	if len(in.Messages) == 0 {
 		// The conversation went between the claim and the read: it cannot
 		// within one statement, but a turn without messages must never run.
-		return c, in, ErrConversationDeleted
+		return ClaimResult{Claim: c, Input: in, Err: ErrConversationDeleted}
 	}
-	return c, in, nil
+	return ClaimResult{Claim: c, Input: in}
 }
 
 // claimRecovering is ClaimTurn's path for a conversation whose owner's
@@ -179,45 +291,75 @@ func claimRecovering(ctx context.Context, db Beginner, p ClaimParams, historyLim
 }
 
 // finalizeSQL is FinalizeTx in one statement (one round trip, its own
-// transaction). Every write is conditioned on the fence: the run still
-// owns the conversation (the row lock, taken first, orders it against a
-// recovery, which changes ownership only under that lock) and every
-// claimed row is still processing for it. Unless the fence holds, nothing
-// is written, and the row says which part failed.
+// transaction), for any number of turns: one row per turn, in the order
+// asked (ord); the turns' outbox rows come flattened, each with its run.
+// Every write of a turn is conditioned on its fence: the run still owns the
+// conversation (the row lock, taken first and in the order of the
+// conversations' IDs, orders it against a recovery, which changes
+// ownership only under that lock) and every claimed row is still
+// processing for it. Unless its fence holds, nothing is written for a turn,
+// and its row says which part failed; the other turns commit regardless.
 const finalizeSQL = `
-WITH owner AS (
-	SELECT id FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE),
+WITH req AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, ord)),
+ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
+owner AS (
+	SELECT c.id, c.run_id FROM conversations c
+	WHERE c.id = ANY($1) AND c.run_id = ANY($2) ORDER BY c.id FOR NO KEY UPDATE),
 held AS (
-	SELECT count(*) = cardinality($3::bigint[]) AS all_held FROM agent_outbox
-	WHERE id = ANY($3) AND run_id = $2 AND status = 'processing'),
+	SELECT i.run_id, bool_and(o.id IS NOT NULL) AS all_held FROM ids i
+	LEFT JOIN agent_outbox o ON o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
+	GROUP BY i.run_id),
 newer AS (
-	SELECT $8::bool
-		AND EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending')
-		AND NOT EXISTS (SELECT 1 FROM operations WHERE run_id = $2 AND effect = 'write') AS found),
-fence AS (SELECT 1 FROM owner, held, newer WHERE held.all_held AND NOT newer.found),
+	SELECT r.run_id, r.supersede_if_newer
+		AND EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = r.conversation_id AND o.status = 'pending')
+		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.run_id = r.run_id AND p.effect = 'write') AS found
+	FROM req r),
+fence AS (
+	SELECT r.* FROM req r
+	JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
+	JOIN held ON held.run_id = r.run_id
+	JOIN newer ON newer.run_id = r.run_id
+	WHERE held.all_held AND NOT newer.found),
 reply AS (
 	INSERT INTO messages (id, conversation_id, role, content, truncated, run_id, turn_id)
-	SELECT $4, $1, 'assistant', $5, $6, $2, $7 FROM fence
+	SELECT message_id, conversation_id, 'assistant', content, truncated, run_id, turn_id FROM fence
 	ON CONFLICT (id) DO NOTHING
-	RETURNING id),
+	RETURNING id, conversation_id, run_id),
 done AS (
-	UPDATE agent_outbox SET status = 'done', processed_at = now()
-	WHERE id = ANY($3) AND run_id = $2 AND status = 'processing' AND EXISTS (SELECT 1 FROM reply)
+	UPDATE agent_outbox o SET status = 'done', processed_at = now()
+	FROM ids i JOIN reply ON reply.run_id = i.run_id
+	WHERE o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
 	RETURNING 1),
 conv AS (
-	UPDATE conversations
-	SET run_id = NULL, lease_expires_at = NULL, updated_at = now(), last_message_at = now(), unread_count = unread_count + 1
-	WHERE id = $1 AND EXISTS (SELECT 1 FROM reply)
+	UPDATE conversations c
+	SET run_id = NULL, lease_expires_at = NULL, updated_at = now(), last_message_at = now(), unread_count = c.unread_count + 1
+	FROM reply WHERE c.id = reply.conversation_id
 	RETURNING 1),
 ops AS (
-	UPDATE operations SET message_id = $4 WHERE run_id = $2 AND message_id IS NULL AND EXISTS (SELECT 1 FROM reply)
-	RETURNING 1),
+	UPDATE operations p SET message_id = reply.id FROM reply
+	WHERE p.run_id = reply.run_id AND p.message_id IS NULL
+	RETURNING p.run_id),
 run AS (
-	UPDATE agent_runs SET status = 'finalized', reply_message_id = $4, finished_at = clock_timestamp()
-	WHERE id = $2 AND EXISTS (SELECT 1 FROM reply)
+	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
+	FROM reply WHERE a.id = reply.run_id
 	RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM owner), (SELECT all_held FROM held), (SELECT found FROM newer),
-	EXISTS (SELECT 1 FROM reply), (SELECT count(*) FROM ops)`
+SELECT r.ord, owner.id IS NOT NULL, coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
+	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id)
+FROM req r
+LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
+LEFT JOIN held ON held.run_id = r.run_id
+LEFT JOIN newer ON newer.run_id = r.run_id
+LEFT JOIN reply ON reply.run_id = r.run_id
+ORDER BY r.ord`
+
+// FinalizeResult is the outcome of one turn of FinalizeTurns: FinalizeTurn's
+// results.
+type FinalizeResult struct {
+	Finalized Finalized
+	Err       error
+}
 
 // FinalizeTurn is FinalizeTx in one statement: the reply, its operations,
 // the rows done, the conversation's metadata and lease, and the run, all
@@ -226,37 +368,115 @@ SELECT EXISTS (SELECT 1 FROM owner), (SELECT all_held FROM held), (SELECT found 
 // the turn is handed back instead (SupersedeTx, in a transaction of its
 // own). Its errors are FinalizeTx's.
 func FinalizeTurn(ctx context.Context, db Beginner, f Finalize) (Finalized, error) {
-	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
-	var owned, allHeld, newer, replied bool
-	err := db.QueryRow(ctx, finalizeSQL, f.ConversationID, f.RunID, f.OutboxIDs, out.MessageID, f.Content, f.Truncated, f.TurnID, f.SupersedeIfNewer).
-		Scan(&owned, &allHeld, &newer, &replied, &out.Operations)
+	r := FinalizeTurns(ctx, db, []Finalize{f})[0]
+	return r.Finalized, r.Err
+}
+
+// FinalizeTurns is FinalizeTurn for several turns in one statement: one
+// round trip and one transaction for all of them, each turn committed or
+// refused on its own fence exactly as FinalizeTurn would (all or nothing
+// per turn). Its result i is turn i's. When the server refuses the
+// statement as a whole (a deadlock, or a reply it cannot store), each turn
+// is finalized again alone, so that one turn's trouble never fails
+// another; an error of the connection is every turn's.
+func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeResult {
+	out := make([]FinalizeResult, len(fs))
+	n := len(fs)
+	convs, runs, msgIDs, turnIDs, contents := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	truncated, supersede := make([]bool, n), make([]bool, n)
+	var ids []int64
+	var idRuns []string
+	seen := make(map[string]bool, n)
+	for i, f := range fs {
+		if seen[f.RunID] {
+			out[i].Err = fmt.Errorf("finalize: run %s is asked for twice in one batch", f.RunID)
+			f.RunID = ""
+		}
+		seen[f.RunID] = true
+		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, f.RunID, ReplyMessageID(f.TurnID), f.TurnID, f.Content
+		truncated[i], supersede[i] = f.Truncated, f.SupersedeIfNewer
+		for _, id := range f.OutboxIDs {
+			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
+		}
+	}
+	rows, err := db.Query(ctx, finalizeSQL, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns)
+	type row struct {
+		owned, allHeld, newer, replied bool
+		operations                     int64
+	}
+	got := make([]row, n)
+	if err == nil {
+		for rows.Next() {
+			var ord int64
+			var r row
+			if err = rows.Scan(&ord, &r.owned, &r.allHeld, &r.newer, &r.replied, &r.operations); err != nil {
+				break
+			}
+			if ord < 1 || ord > int64(n) {
+				err = fmt.Errorf("row %d of %d requested", ord, n)
+				break
+			}
+			got[ord-1] = r
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	var pgErr *pgconn.PgError
+	if err != nil && n > 1 && errors.As(err, &pgErr) && ctx.Err() == nil {
+		for i := range fs {
+			if out[i].Err == nil {
+				out[i] = FinalizeTurns(ctx, db, fs[i:i+1])[0]
+			}
+		}
+		return out
+	}
+	for i, f := range fs {
+		if out[i].Err != nil {
+			continue
+		}
+		if err != nil {
+			out[i].Err = fmt.Errorf("finalize: %w", err)
+			continue
+		}
+		r := got[i]
+		switch {
+		case !r.owned:
+			out[i].Err = ownershipError(ctx, db, f.ConversationID)
+		case !r.allHeld:
+			out[i].Err = fmt.Errorf("%w: some claimed rows are no longer processing for run %s", ErrLeaseLost, f.RunID)
+		case r.newer:
+			out[i] = supersedeOrFinalize(ctx, db, f)
+		case !r.replied:
+			// Only a finalize of the same turn can have written this
+			// reply's ID, and that one released the rows: this run lost
+			// them.
+			out[i].Err = fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
+		default:
+			out[i].Finalized = Finalized{MessageID: ReplyMessageID(f.TurnID), Operations: r.operations}
+		}
+	}
+	return out
+}
+
+// supersedeOrFinalize hands back a turn that a newer message supersedes
+// (SupersedeTx, in a transaction of its own), or finalizes it after all
+// when the newer message went, or a write started, since the finalize
+// statement looked.
+func supersedeOrFinalize(ctx context.Context, db Beginner, f Finalize) FinalizeResult {
+	var superseded bool
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		superseded, err = SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
+		return err
+	})
 	switch {
 	case err != nil:
-		return Finalized{}, fmt.Errorf("finalize: %w", err)
-	case !owned:
-		return Finalized{}, ownershipError(ctx, db, f.ConversationID)
-	case !allHeld:
-		return Finalized{}, fmt.Errorf("%w: some claimed rows are no longer processing for run %s", ErrLeaseLost, f.RunID)
-	case newer:
-		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			var err error
-			out.Superseded, err = SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
-			return err
-		})
-		if err != nil {
-			return Finalized{}, err
-		}
-		if !out.Superseded {
-			// The newer message went, or a write started, between the two
-			// statements: finalize after all.
-			f.SupersedeIfNewer = false
-			return FinalizeTurn(ctx, db, f)
-		}
-		return Finalized{Superseded: true}, nil
-	case !replied:
-		// Only a finalize of the same turn can have written this reply's
-		// ID, and that one released the rows: this run lost them.
-		return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
+		return FinalizeResult{Err: err}
+	case superseded:
+		return FinalizeResult{Finalized: Finalized{Superseded: true}}
 	}
-	return out, nil
+	f.SupersedeIfNewer = false
+	return FinalizeTurns(ctx, db, []Finalize{f})[0]
 }

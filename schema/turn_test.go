@@ -206,7 +206,7 @@ func TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited(t *testing.T) {
 		done <- result{c, err}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH conv AS%'`) == 0 {
+	for b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%c.id = ANY($1) ORDER BY c.id FOR UPDATE%'`) == 0 {
 		require.True(t, time.Now().Before(deadline), "run B's claim did not wait for the lock")
 		time.Sleep(5 * time.Millisecond)
 	}

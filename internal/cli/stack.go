@@ -52,8 +52,12 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 	wcfg.Stream = cfg.Relay.Stream
 	wlog := cfg.Log.With().Str("component", "worker").Logger()
 	wcfg.Logger = &wlog
+	var events *consumer.EventPublisher
 	if wcfg.OnConversationEvent == nil {
-		wcfg.OnConversationEvent = consumer.EventPublisher(js, cfg.Events, wlog)
+		if events, err = consumer.NewEventPublisher(js, cfg.Events, wlog); err != nil {
+			return err
+		}
+		wcfg.OnConversationEvent = events.Publish
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -82,7 +86,17 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 		if err != nil {
 			return err
 		}
-		return w.Run(gctx)
+		err = w.Run(gctx)
+		if events != nil {
+			// The last turns' events are sent: wait for the stream to
+			// store them.
+			flushCtx, cancel := context.WithTimeout(context.Background(), consumer.EventFlushTimeout)
+			defer cancel()
+			if ferr := events.Flush(flushCtx); ferr != nil {
+				wlog.Warn().Err(ferr).Msg("conversation events not confirmed at shutdown")
+			}
+		}
+		return err
 	})
 	err = g.Wait()
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {

@@ -136,7 +136,11 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {
 		return settingError(c, err)
 	}
-	cfg.OnConversationEvent = consumer.EventPublisher(js, batonnats.EventsConfig{}, log)
+	events, err := consumer.NewEventPublisher(js, batonnats.EventsConfig{}, log)
+	if err != nil {
+		return err
+	}
+	cfg.OnConversationEvent = events.Publish
 	if agentCfg != nil {
 		agentCfg.Live = nc // partial replies on baton.live.<conversation>.<run>
 		a, err := agent.NewOpenAI(*agentCfg)
@@ -158,7 +162,15 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		}
 		defer stop()
 	}
-	return w.Run(ctx)
+	err = w.Run(ctx)
+	// The last turns' events are sent: wait for the stream to store them
+	// before the connection closes.
+	flushCtx, cancel := context.WithTimeout(context.Background(), consumer.EventFlushTimeout)
+	defer cancel()
+	if ferr := events.Flush(flushCtx); ferr != nil {
+		log.Warn().Err(ferr).Msg("conversation events not confirmed at shutdown")
+	}
+	return err
 }
 
 // workerPoolConns is the size of a worker's database pool when its URL

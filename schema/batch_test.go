@@ -1,0 +1,209 @@
+package schema_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/schema"
+)
+
+// countingPool is a pool of b's database whose statements are counted.
+func countingPool(t *testing.T, b turnBundle) (*pgxpool.Pool, *countingTracer) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, tracer
+}
+
+// TestClaimTurnsClaimsEachConversationOfABatchAsIfAlone: one statement
+// claims several conversations, and each gets what ClaimTurn alone would
+// give it: free ones their own rows, messages and history (a capped one
+// its oldest rows and More), a held one BusyError, a waiting one
+// WaitError, a missing one ErrConversationDeleted; and nothing is written
+// for those it refused.
+func TestClaimTurnsClaimsEachConversationOfABatchAsIfAlone(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	pool, tracer := countingPool(t, b)
+	for _, c := range []string{"a", "b", "capped", "busy", "waits"} {
+		b.conversation(t, c)
+	}
+	b.send(t, "a", "a1", "a one")
+	c0, err := b.claim(t, "a", "run-a0", time.Minute)
+	require.NoError(t, err)
+	_, err = b.finalize(t, c0, "run-a0")
+	require.NoError(t, err)
+	a2 := b.send(t, "a", "a2", "a two")
+	b1 := b.send(t, "b", "b1", "b one")
+	b2 := b.send(t, "b", "b2", "b two")
+	capped1 := b.send(t, "capped", "x1", "x one")
+	b.send(t, "capped", "x2", "x two")
+	b.send(t, "busy", "y1", "y one")
+	_, err = b.claim(t, "busy", "run-owner", time.Minute)
+	require.NoError(t, err)
+	b.send(t, "busy", "y2", "y two")
+	b.send(t, "waits", "z1", "z one")
+	_, err = b.db.Pool.Exec(ctx, `UPDATE conversations SET not_before = now() + interval '1 minute' WHERE id = $1`, b.key("waits"))
+	require.NoError(t, err)
+
+	params := func(conv, run string) schema.ClaimParams {
+		return schema.ClaimParams{ConversationID: conv, RunID: run, Worker: "w", Lease: time.Minute, MaxAttempts: 3}
+	}
+	capped := params(b.key("capped"), "run-capped")
+	capped.MaxRows = 1
+	tracer.n.Store(0)
+	res := schema.ClaimTurns(ctx, pool, []schema.ClaimParams{
+		params(b.key("busy"), "run-busy"),
+		params(b.key("a"), "run-a"),
+		params("c_gone", "run-gone"),
+		capped,
+		params(b.key("waits"), "run-waits"),
+		params(b.key("b"), "run-b"),
+	}, 10)
+	require.EqualValues(t, 1, tracer.n.Load(), "the batch is one statement")
+	require.Len(t, res, 6)
+
+	var busy *schema.BusyError
+	require.ErrorAs(t, res[0].Err, &busy)
+	require.Equal(t, "run-owner", busy.RunID)
+
+	require.NoError(t, res[1].Err)
+	require.Equal(t, []int64{a2}, res[1].Claim.OutboxIDs)
+	require.Equal(t, "run-a", res[1].Claim.RunID)
+	require.Equal(t, schema.TurnID([]int64{a2}), res[1].Claim.TurnID)
+	require.Equal(t, []string{"a two"}, contents(res[1].Input.Messages))
+	require.Equal(t, []string{"a one", "answer"}, contents(res[1].Input.History), "each conversation's own history")
+
+	require.ErrorIs(t, res[2].Err, schema.ErrConversationDeleted)
+
+	require.NoError(t, res[3].Err)
+	require.Equal(t, []int64{capped1}, res[3].Claim.OutboxIDs, "a capped claim takes the oldest rows")
+	require.True(t, res[3].Claim.More)
+
+	var wait *schema.WaitError
+	require.ErrorAs(t, res[4].Err, &wait)
+
+	require.NoError(t, res[5].Err)
+	require.Equal(t, []int64{b1, b2}, res[5].Claim.OutboxIDs)
+	require.Equal(t, []string{"b one", "b two"}, contents(res[5].Input.Messages))
+	require.Empty(t, res[5].Input.History)
+
+	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "busy"), "the held conversation's new row is left alone")
+	require.Equal(t, []string{"pending"}, b.statuses(t, "waits"))
+	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "capped"))
+	require.Equal(t, []string{"processing", "processing"}, b.statuses(t, "b"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM conversations WHERE run_id = 'run-owner'`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-a', 'run-b', 'run-capped') AND status = 'running'`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-busy', 'run-waits', 'run-gone')`), "no run is recorded for a refused claim")
+
+	// The turns that were claimed end in one statement too.
+	var fs []schema.Finalize
+	for _, r := range []schema.ClaimResult{res[1], res[3], res[5]} {
+		fs = append(fs, schema.Finalize{ConversationID: r.Claim.ConversationID, RunID: r.Claim.RunID, TurnID: r.Claim.TurnID, OutboxIDs: r.Claim.OutboxIDs, Content: "answer"})
+	}
+	tracer.n.Store(0)
+	for i, f := range schema.FinalizeTurns(ctx, pool, fs) {
+		require.NoError(t, f.Err, "turn %d", i)
+	}
+	require.EqualValues(t, 1, tracer.n.Load(), "the batch is one statement")
+	require.Equal(t, []string{"done", "done"}, b.statuses(t, "a"))
+	require.Equal(t, []string{"done", "pending"}, b.statuses(t, "capped"))
+
+	// A conversation asked for twice in one batch is refused the second
+	// time, and the first claim stands.
+	b.send(t, "a", "a3", "a three")
+	res = schema.ClaimTurns(ctx, pool, []schema.ClaimParams{params(b.key("a"), "run-a2"), params(b.key("a"), "run-a3")}, 10)
+	require.NoError(t, res[0].Err)
+	require.Len(t, res[0].Claim.OutboxIDs, 1)
+	require.ErrorContains(t, res[1].Err, "asked for twice")
+}
+
+// TestFinalizeTurnsCommitsEachTurnOnItsOwnFence: one statement finalizes
+// several turns, each all or nothing on its own fence: turns whose run owns
+// its conversation reply; a run that lost its lease gets ErrLeaseLost and
+// writes nothing; a turn with a newer message pending is handed back; a
+// turn of a deleted conversation is cancelled.
+func TestFinalizeTurnsCommitsEachTurnOnItsOwnFence(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	pool, _ := countingPool(t, b)
+	claims := map[string]schema.Claim{}
+	for _, c := range []string{"a", "lost", "b", "newer", "gone"} {
+		b.conversation(t, c)
+		b.send(t, c, c+"1", c+" one")
+		res := schema.ClaimTurns(ctx, pool, []schema.ClaimParams{{ConversationID: b.key(c), RunID: "run-" + c, Worker: "w", Lease: time.Minute, MaxAttempts: 3}}, 10)
+		require.NoError(t, res[0].Err)
+		claims[c] = res[0].Claim
+	}
+	// "lost": another run recovered the conversation meanwhile.
+	_, err := b.db.Pool.Exec(ctx, `UPDATE conversations SET run_id = 'run-other' WHERE id = $1`, b.key("lost"))
+	require.NoError(t, err)
+	b.send(t, "newer", "newer2", "newer two")
+	_, err = b.db.Pool.Exec(ctx, `DELETE FROM conversations WHERE id = $1`, b.key("gone"))
+	require.NoError(t, err)
+
+	fin := func(c string, supersede bool) schema.Finalize {
+		cl := claims[c]
+		return schema.Finalize{ConversationID: cl.ConversationID, RunID: cl.RunID, TurnID: cl.TurnID, OutboxIDs: cl.OutboxIDs, Content: "answer " + c, SupersedeIfNewer: supersede}
+	}
+	res := schema.FinalizeTurns(ctx, pool, []schema.Finalize{fin("a", true), fin("lost", false), fin("b", false), fin("newer", true), fin("gone", false)})
+	require.Len(t, res, 5)
+	require.NoError(t, res[0].Err)
+	require.Equal(t, schema.ReplyMessageID(claims["a"].TurnID), res[0].Finalized.MessageID)
+	require.ErrorIs(t, res[1].Err, schema.ErrLeaseLost)
+	require.NoError(t, res[2].Err)
+	require.NoError(t, res[3].Err)
+	require.True(t, res[3].Finalized.Superseded, "a newer message hands the turn back")
+	require.ErrorIs(t, res[4].Err, schema.ErrConversationDeleted)
+
+	require.Equal(t, []string{"done"}, b.statuses(t, "a"))
+	require.Equal(t, []string{"done"}, b.statuses(t, "b"))
+	require.Equal(t, []string{"processing"}, b.statuses(t, "lost"), "a run that lost its lease writes nothing")
+	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "newer"))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM agent_runs WHERE status = 'finalized'`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM conversations WHERE run_id IS NOT NULL AND id IN ($1, $2)`, b.key("a"), b.key("b")), "the answered conversations are released")
+}
+
+// TestABatchTheServerRefusesIsRunOneByOne: a reply PostgreSQL cannot store
+// (a NUL character) or a conversation key it cannot read fails the
+// statement of the whole batch; each is then run alone, so only that one
+// fails, with the server's reason, and the others go through.
+func TestABatchTheServerRefusesIsRunOneByOne(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	var ps []schema.ClaimParams
+	for _, c := range []string{"a", "b"} {
+		b.conversation(t, c)
+		b.send(t, c, c+"1", c+" one")
+		ps = append(ps, schema.ClaimParams{ConversationID: b.key(c), RunID: "run-" + c, Worker: "w", Lease: time.Minute, MaxAttempts: 3})
+	}
+	bad := schema.ClaimParams{ConversationID: "c_bad\x00key", RunID: "run-bad", Worker: "w", Lease: time.Minute, MaxAttempts: 3}
+	claims := schema.ClaimTurns(ctx, b.db.Pool, []schema.ClaimParams{ps[0], bad, ps[1]}, 10)
+	require.NoError(t, claims[0].Err)
+	require.ErrorContains(t, claims[1].Err, "0x00")
+	require.NoError(t, claims[2].Err)
+	require.Len(t, claims[2].Claim.OutboxIDs, 1)
+
+	fin := func(c schema.Claim, content string) schema.Finalize {
+		return schema.Finalize{ConversationID: c.ConversationID, RunID: c.RunID, TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: content}
+	}
+	res := schema.FinalizeTurns(ctx, b.db.Pool, []schema.Finalize{fin(claims[0].Claim, "bad \x00 reply"), fin(claims[2].Claim, "good")})
+	require.ErrorContains(t, res[0].Err, "0x00")
+	require.NoError(t, res[1].Err)
+	require.Equal(t, []string{"processing"}, b.statuses(t, "a"), "the refused turn keeps its rows")
+	require.Equal(t, []string{"done"}, b.statuses(t, "b"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+}
