@@ -22,7 +22,7 @@ type batchCall[Req, Res any] struct {
 // startBatcher starts a batcher of run, whose batches hold at most max
 // calls; close stops it.
 func startBatcher[Req, Res any](max int, run func([]Req) []Res) *batcher[Req, Res] {
-	b := &batcher[Req, Res]{calls: make(chan batchCall[Req, Res]), max: max, run: run, stop: make(chan struct{}), done: make(chan struct{})}
+	b := &batcher[Req, Res]{calls: make(chan batchCall[Req, Res], max), max: max, run: run, stop: make(chan struct{}), done: make(chan struct{})}
 	go b.serve()
 	return b
 }
