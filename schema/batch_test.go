@@ -157,8 +157,9 @@ func TestFinalizeTurnsCommitsEachTurnOnItsOwnFence(t *testing.T) {
 		cl := claims[c]
 		return schema.Finalize{ConversationID: cl.ConversationID, RunID: cl.RunID, TurnID: cl.TurnID, OutboxIDs: cl.OutboxIDs, Content: "answer " + c, SupersedeIfNewer: supersede}
 	}
-	res := schema.FinalizeTurns(ctx, pool, []schema.Finalize{fin("a", true), fin("lost", false), fin("b", false), fin("newer", true), fin("gone", false)})
-	require.Len(t, res, 5)
+	res := schema.FinalizeTurns(ctx, pool, []schema.Finalize{fin("a", true), fin("lost", false), fin("b", false), fin("newer", true), fin("gone", false), fin("a", false)})
+	require.Len(t, res, 6)
+	require.ErrorContains(t, res[5].Err, "asked for twice", "a run finalized twice in one batch is refused the second time")
 	require.NoError(t, res[0].Err)
 	require.Equal(t, schema.ReplyMessageID(claims["a"].TurnID), res[0].Finalized.MessageID)
 	require.ErrorIs(t, res[1].Err, schema.ErrLeaseLost)

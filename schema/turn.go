@@ -388,15 +388,17 @@ func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeRe
 	var idRuns []string
 	seen := make(map[string]bool, n)
 	for i, f := range fs {
-		if seen[f.RunID] {
-			out[i].Err = fmt.Errorf("finalize: run %s is asked for twice in one batch", f.RunID)
-			f.RunID = ""
+		run := f.RunID
+		if seen[run] {
+			// Sent without a run, it matches nothing and writes nothing.
+			out[i].Err = fmt.Errorf("finalize: run %s is asked for twice in one batch", run)
+			run = ""
 		}
 		seen[f.RunID] = true
-		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, f.RunID, ReplyMessageID(f.TurnID), f.TurnID, f.Content
+		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, run, ReplyMessageID(f.TurnID), f.TurnID, f.Content
 		truncated[i], supersede[i] = f.Truncated, f.SupersedeIfNewer
 		for _, id := range f.OutboxIDs {
-			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
+			ids, idRuns = append(ids, id), append(idRuns, run)
 		}
 	}
 	rows, err := db.Query(ctx, finalizeSQL, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns)
