@@ -19,6 +19,7 @@ type metrics struct {
 	inFlight       prometheus.Gauge
 	operations     *prometheus.CounterVec // by tool and status
 	triggersBroken prometheus.Counter
+	statementTurns *prometheus.HistogramVec // by kind: claim, finalize
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		triggersBroken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "baton_triggers_malformed_total", Help: "Events on the stream that are not triggers; terminated.",
 		}),
+		statementTurns: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "baton_worker_statement_turns", Help: "Turns carried by one claim or finalize statement, by kind (claim, finalize): 1 while the worker keeps up, more when turns wait for the statement before theirs.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"kind"}),
 	}
 	// Every outcome is a series from the start, so that a failure rate
 	// and a recovery panel exist before the first failure or recovery.
@@ -79,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reg = prometheus.NewRegistry()
 	}
 	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.failures, m.attempts, m.insertToClaim, m.insertToFinal,
-		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken} {
+		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken, m.statementTurns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

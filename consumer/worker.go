@@ -305,16 +305,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
 	w.mailboxes = map[string]*mailbox{}
 	w.stopping = make(chan struct{})
+	claimTurns, finalizeTurns := w.metrics.statementTurns.WithLabelValues("claim"), w.metrics.statementTurns.WithLabelValues("finalize")
+	// Under mu only for tests, which look at the queue of claims.
+	w.mu.Lock()
 	w.claims = startBatcher(w.cfg.Concurrency, func(ps []schema.ClaimParams) []schema.ClaimResult {
+		claimTurns.Observe(float64(len(ps)))
 		return schema.ClaimTurns(hardCtx, w.cfg.Pool, ps, w.cfg.HistoryLimit)
 	})
 	w.finalizes = startBatcher(w.cfg.Concurrency, func(fs []schema.Finalize) []schema.FinalizeResult {
 		// A finalize runs even when the turn's context has ended: an
 		// answer that exists is worth committing.
+		finalizeTurns.Observe(float64(len(fs)))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(hardCtx), commitTimeout)
 		defer cancel()
 		return schema.FinalizeTurns(ctx, w.cfg.Pool, fs)
 	})
+	w.mu.Unlock()
 
 	var loops sync.WaitGroup
 	loops.Go(func() { w.recoveryLoop(ctx) })
