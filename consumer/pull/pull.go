@@ -156,6 +156,7 @@ func (l *Loop) Run(ctx context.Context, deliver func(jetstream.Msg)) error {
 				if stopErr = l.closed(); stopErr != nil {
 					break
 				}
+				sub.end(iter)
 				select {
 				case check <- struct{}{}:
 				default:
@@ -218,40 +219,64 @@ func (l *Loop) options() []jetstream.PullMessagesOpt {
 
 // watch checks every CheckInterval, and whenever asked, that the durable
 // still exists, and creates it again with a new subscription when it does
-// not. Each rejoin is logged once, and so is a durable that cannot be
-// created yet (its stream not back): the next look tries again.
+// not. When the subscription ended by itself (the client library closes it
+// when the durable is deleted) it subscribes again even if the durable
+// exists: another member of the group may have created it again first.
+// Until it has, it looks again after RetryDelay, doubling up to a second,
+// instead of after CheckInterval: the loop fetches nothing meanwhile. Each
+// rejoin is logged once, and so is a durable that cannot be created yet
+// (its stream not back).
 func (l *Loop) watch(ctx context.Context, sub *subscription, check <-chan struct{}) {
 	t := time.NewTicker(l.cfg.CheckInterval)
 	defer t.Stop()
 	failing := false
+	var (
+		soon  <-chan time.Time
+		delay time.Duration
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-check:
+		case <-soon:
 		}
+		soon = nil
+		ended := sub.ended()
 		checkCtx, cancel := context.WithTimeout(ctx, checkTimeout)
-		_, err := l.cfg.JetStream.Consumer(checkCtx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-			var cons jetstream.Consumer
+		cons, err := l.cfg.JetStream.Consumer(checkCtx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
+		rejoined := ""
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 			cons, err = l.provision(checkCtx)
 			if err == nil {
 				err = sub.open(cons, l.options()...)
 			}
-			switch {
-			case err == nil:
-				failing = false
-				l.log.Warn().Msg("durable consumer was gone; created it again and rejoined")
-				if l.cfg.OnRejoin != nil {
-					l.cfg.OnRejoin()
-				}
-			case ctx.Err() == nil && !failing:
-				failing = true
-				l.log.Warn().Err(err).Dur("retry_every", l.cfg.CheckInterval).Msg("durable consumer is gone and cannot be created yet")
-			}
+			rejoined = "durable consumer was gone; created it again and rejoined"
+		case err == nil && ended:
+			err = sub.open(cons, l.options()...)
+			rejoined = "subscription ended while the durable exists (created again by another member of the group); subscribed again"
 		}
 		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && rejoined != "":
+			failing = false
+			delay = 0
+			l.log.Warn().Msg(rejoined)
+			if l.cfg.OnRejoin != nil {
+				l.cfg.OnRejoin()
+			}
+		case err != nil && rejoined != "" && !failing:
+			failing = true
+			l.log.Warn().Err(err).Dur("retry_every", l.cfg.CheckInterval).Msg("durable consumer is gone and cannot be created yet")
+		}
+		if sub.ended() {
+			delay = min(max(2*delay, l.cfg.RetryDelay), time.Second)
+			soon = time.After(delay)
+		}
 	}
 }
 
@@ -265,6 +290,9 @@ type subscription struct {
 	// drained is set once shutdown drained the iterator: no replacement
 	// after that.
 	drained bool
+	// over is the iterator that ended by itself, as the fetch loop found
+	// it; nil when the current one works.
+	over jetstream.MessagesContext
 }
 
 func (s *subscription) open(cons jetstream.Consumer, opts ...jetstream.PullMessagesOpt) error {
@@ -280,6 +308,7 @@ func (s *subscription) open(cons jetstream.Consumer, opts ...jetstream.PullMessa
 	}
 	old := s.iter
 	s.iter = it
+	s.over = nil
 	if s.changed != nil {
 		close(s.changed)
 	}
@@ -290,6 +319,22 @@ func (s *subscription) open(cons jetstream.Consumer, opts ...jetstream.PullMessa
 		old.Stop()
 	}
 	return nil
+}
+
+// end records that it ended by itself.
+func (s *subscription) end(it jetstream.MessagesContext) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.iter == it {
+		s.over = it
+	}
+}
+
+// ended reports whether the current iterator ended by itself.
+func (s *subscription) ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.over != nil && s.over == s.iter
 }
 
 func (s *subscription) current() jetstream.MessagesContext {

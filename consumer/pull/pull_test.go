@@ -1,0 +1,107 @@
+package pull_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/consumer/pull"
+	"github.com/batonhq/baton/internal/testenv"
+	batonnats "github.com/batonhq/baton/nats"
+)
+
+// heldLookup is the loop's JetStream context with its first look at the
+// durable held until the test lets it go: the test orders the events of a
+// race that the kill test met by chance. Everything else goes to the real
+// server.
+type heldLookup struct {
+	jetstream.JetStream
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldLookup) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	h.once.Do(func() {
+		close(h.entered)
+		<-h.release
+	})
+	return h.JetStream.Consumer(ctx, stream, name)
+}
+
+// When the durable is deleted, the client library ends the loop's
+// subscription and the loop looks at the durable. With several workers in
+// the group, another one may have created it again by then. The loop found
+// it there, did nothing, and waited for a subscription that nobody would
+// open: after a stream wipe in the kill test, every worker but the one that
+// recreated the durable fetched nothing until it was restarted (24 s).
+func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testing.T) {
+	n := testenv.StartNATS(t)
+	_, admin := n.Connect(t)
+	_, js := n.Connect(t)
+	stream := batonnats.StreamConfig{Name: "PULL_REJOIN", SubjectPrefix: "pull.rejoin"}.WithDefaults()
+	consumer := batonnats.ConsumerConfig{Name: "turns"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := admin.CreateStream(ctx, stream.JetStreamConfig())
+	require.NoError(t, err)
+
+	held := &heldLookup{JetStream: js, entered: make(chan struct{}), release: make(chan struct{})}
+	// No periodic look during the test: only the loop's own reaction to
+	// its ended subscription can bring it back.
+	loop, err := pull.New(pull.Config{JetStream: held, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
+	require.NoError(t, err)
+	got := make(chan string, 16)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- loop.Run(runCtx, func(m jetstream.Msg) {
+			_ = m.Ack()
+			got <- string(m.Data())
+		})
+	}()
+	defer func() {
+		stop()
+		require.NoError(t, <-done)
+	}()
+	// await waits for body; a durable created again delivers the stream
+	// from its start, so earlier messages may come first.
+	await := func(body string) {
+		t.Helper()
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case b := <-got:
+				if b == body {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("%s did not arrive within 20s", body)
+			}
+		}
+	}
+	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
+	require.NoError(t, err)
+	await("before")
+
+	// Delete the durable: the library ends the subscription and the loop
+	// looks at the durable, held here until another member of the group
+	// has created it again.
+	require.NoError(t, admin.DeleteConsumer(ctx, stream.Name, consumer.Name))
+	select {
+	case <-held.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the loop did not look at its durable after the subscription ended")
+	}
+	_, err = batonnats.EnsureConsumer(ctx, admin, stream, consumer)
+	require.NoError(t, err)
+	close(held.release)
+
+	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("after"))
+	require.NoError(t, err)
+	await("after")
+}
