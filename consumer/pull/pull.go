@@ -29,6 +29,8 @@ const (
 	// DefaultRetryDelay is the pause after a failed fetch: a broker that
 	// is away answers at once, and the loop must not spin.
 	DefaultRetryDelay = 100 * time.Millisecond
+	// DefaultHeartbeat is how often the server confirms a waiting pull.
+	DefaultHeartbeat = 2 * time.Second
 )
 
 // checkTimeout bounds one look at the durable.
@@ -57,6 +59,15 @@ type Config struct {
 	CheckInterval time.Duration
 	// RetryDelay is the pause after a failed fetch. Defaults to 100ms.
 	RetryDelay time.Duration
+	// Heartbeat is how often the server confirms a waiting pull request.
+	// A pull that the server could not take (sent after a reconnect while
+	// the durable was gone, before another member of the group created it
+	// again) is answered with a status the client library does not act
+	// on: it waits for the messages it asked for until two heartbeats are
+	// missing, then asks again. The library's default is half the pull's
+	// 30 s expiry, which left a worker idle for up to 30 s after a stream
+	// was lost. Defaults to 2s; from 100ms to 15s.
+	Heartbeat time.Duration
 	// Logger receives the loop's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// OnRejoin, when set, is called after the loop created its durable
@@ -76,6 +87,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = DefaultRetryDelay
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
 	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()
@@ -101,6 +115,8 @@ func New(cfg Config) (*Loop, error) {
 		return nil, fmt.Errorf("pull: Config.MaxMessages %d must be at least 1", cfg.MaxMessages)
 	case cfg.CheckInterval <= 0 || cfg.RetryDelay <= 0:
 		return nil, errors.New("pull: Config.CheckInterval and Config.RetryDelay must be positive")
+	case cfg.Heartbeat < 100*time.Millisecond || cfg.Heartbeat > jetstream.DefaultExpires/2:
+		return nil, fmt.Errorf("pull: Config.Heartbeat %s must be from 100ms to %s", cfg.Heartbeat, jetstream.DefaultExpires/2)
 	}
 	log := cfg.Logger.With().Str("stream", cfg.Stream.Name).Str("consumer", cfg.Consumer.Name).Logger()
 	return &Loop{cfg: cfg, log: log}, nil
@@ -214,7 +230,7 @@ func (l *Loop) provision(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 func (l *Loop) options() []jetstream.PullMessagesOpt {
-	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(l.cfg.MaxMessages)}
+	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(l.cfg.MaxMessages), jetstream.PullHeartbeat(l.cfg.Heartbeat)}
 }
 
 // watch checks every CheckInterval, and whenever asked, that the durable

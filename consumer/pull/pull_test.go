@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -104,4 +105,85 @@ func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testi
 	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("after"))
 	require.NoError(t, err)
 	await("after")
+}
+
+// After a stream is lost with its store, the client reconnects and asks
+// for messages before anyone has created the stream and the durable again.
+// The server answers that pull with a status the client library does not
+// act on; the library then waits for the messages it asked for until two
+// heartbeats are missing. With its default heartbeat that was 30 s of a
+// worker fetching nothing while another member of the group, which had
+// created the durable again, did all the work.
+func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *testing.T) {
+	n := testenv.StartNATS(t)
+	_, admin := n.Connect(t)
+	_, js := n.Connect(t)
+	stream := batonnats.StreamConfig{Name: "PULL_WIPE", SubjectPrefix: "pull.wipe"}.WithDefaults()
+	consumer := batonnats.ConsumerConfig{Name: "turns"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := admin.CreateStream(ctx, stream.JetStreamConfig())
+	require.NoError(t, err)
+
+	// No periodic look at the durable during the test: it would find the
+	// durable there anyway.
+	loop, err := pull.New(pull.Config{JetStream: js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
+	require.NoError(t, err)
+	got := make(chan string, 16)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- loop.Run(runCtx, func(m jetstream.Msg) {
+			_ = m.Ack()
+			got <- string(m.Data())
+		})
+	}()
+	defer func() {
+		stop()
+		require.NoError(t, <-done)
+	}()
+	await := func(body string) {
+		t.Helper()
+		select {
+		case b := <-got:
+			require.Equal(t, body, b)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s did not arrive within 20s", body)
+		}
+	}
+	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
+	require.NoError(t, err)
+	await("before")
+
+	reconnected := make(chan struct{}, 4)
+	loopConn := js.Conn()
+	loopConn.SetReconnectHandler(func(*natsclient.Conn) { reconnected <- struct{}{} })
+	n.Wipe()
+	select {
+	case <-reconnected:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the loop's connection did not come back after the wipe")
+	}
+	// The loop's pull, sent on reconnecting, found no durable. Now another
+	// member of the group creates the stream and the durable again.
+	_, err = admin.CreateStream(ctx, stream.JetStreamConfig())
+	require.NoError(t, err)
+	_, err = batonnats.EnsureConsumer(ctx, admin, stream, consumer)
+	require.NoError(t, err)
+	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("after"))
+	require.NoError(t, err)
+	// Two missed heartbeats (4 s) and a new pull; the library's default
+	// would take 30 s.
+	await("after")
+}
+
+func TestAHeartbeatOutsideItsRangeIsRefused(t *testing.T) {
+	n := testenv.StartNATS(t)
+	_, js := n.Connect(t)
+	for _, hb := range []time.Duration{time.Millisecond, 20 * time.Second} {
+		_, err := pull.New(pull.Config{JetStream: js, Heartbeat: hb})
+		require.EqualError(t, err, "pull: Config.Heartbeat "+hb.String()+" must be from 100ms to 15s")
+	}
+	_, err := pull.New(pull.Config{JetStream: js})
+	require.NoError(t, err, "the default heartbeat should be accepted")
 }

@@ -3,6 +3,7 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	natsclient "github.com/nats-io/nats.go"
@@ -58,6 +59,27 @@ func (n *NATS) Stop() {
 		n.Embedded.Stop()
 		n.Embedded = nil
 	}
+}
+
+// Wipe stops the server, deletes everything it stored and starts it again
+// empty on the same port, as an operator who lost the store would: clients
+// reconnect to a server without the stream.
+func (n *NATS) Wipe() {
+	n.t.Helper()
+	if n.opts.StoreDir == "" {
+		n.t.Skip("testenv: the NATS server given by BATON_TEST_NATS_URL cannot be wiped by a test")
+	}
+	n.Stop()
+	entries, err := os.ReadDir(n.opts.StoreDir)
+	if err != nil {
+		n.t.Fatalf("testenv: read the NATS store: %v", err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(n.opts.StoreDir, e.Name())); err != nil {
+			n.t.Fatalf("testenv: wipe the NATS store: %v", err)
+		}
+	}
+	n.Start()
 }
 
 // Connect returns a client connection and its JetStream context, closed
