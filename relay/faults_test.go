@@ -25,10 +25,10 @@ import (
 // every earlier transaction ends before that position, and the row's own
 // transaction ends after it.
 type producer struct {
-	b       *bundle
-	conv    string
-	mu      sync.Mutex
-	ids     []int64
+	b    *bundle
+	conv string
+	mu   sync.Mutex
+	ids  []int64
 	// inDoubt are rows whose COMMIT failed: a server that went away may
 	// have committed them before its answer was lost.
 	inDoubt map[int64]bool
