@@ -54,37 +54,7 @@ func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testi
 	held := &heldLookup{JetStream: js, entered: make(chan struct{}), release: make(chan struct{})}
 	// No periodic look during the test: only the loop's own reaction to
 	// its ended subscription can bring it back.
-	loop, err := pull.New(pull.Config{JetStream: held, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
-	require.NoError(t, err)
-	got := make(chan string, 16)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- loop.Run(runCtx, func(m jetstream.Msg) {
-			_ = m.Ack()
-			got <- string(m.Data())
-		})
-	}()
-	defer func() {
-		stop()
-		require.NoError(t, <-done)
-	}()
-	// await waits for body; a durable created again delivers the stream
-	// from its start, so earlier messages may come first.
-	await := func(body string) {
-		t.Helper()
-		deadline := time.After(20 * time.Second)
-		for {
-			select {
-			case b := <-got:
-				if b == body {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("%s did not arrive within 20s", body)
-			}
-		}
-	}
+	await := runLoop(t, ctx, pull.Config{JetStream: held, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
 	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
 	require.NoError(t, err)
 	await("before")
@@ -127,30 +97,7 @@ func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *test
 
 	// No periodic look at the durable during the test: it would find the
 	// durable there anyway.
-	loop, err := pull.New(pull.Config{JetStream: js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
-	require.NoError(t, err)
-	got := make(chan string, 16)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- loop.Run(runCtx, func(m jetstream.Msg) {
-			_ = m.Ack()
-			got <- string(m.Data())
-		})
-	}()
-	defer func() {
-		stop()
-		require.NoError(t, <-done)
-	}()
-	await := func(body string) {
-		t.Helper()
-		select {
-		case b := <-got:
-			require.Equal(t, body, b)
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%s did not arrive within 20s", body)
-		}
-	}
+	await := runLoop(t, ctx, pull.Config{JetStream: js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
 	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
 	require.NoError(t, err)
 	await("before")
@@ -186,4 +133,40 @@ func TestAHeartbeatOutsideItsRangeIsRefused(t *testing.T) {
 	}
 	_, err := pull.New(pull.Config{JetStream: js})
 	require.NoError(t, err, "the default heartbeat should be accepted")
+}
+
+// runLoop runs a loop with cfg until the test ends; the function it returns
+// waits up to 20 s for a message with body. Earlier messages may come
+// first: a durable created again delivers the stream from its start.
+func runLoop(t *testing.T, ctx context.Context, cfg pull.Config) (await func(body string)) {
+	t.Helper()
+	loop, err := pull.New(cfg)
+	require.NoError(t, err)
+	got := make(chan string, 16)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- loop.Run(runCtx, func(m jetstream.Msg) {
+			_ = m.Ack()
+			got <- string(m.Data())
+		})
+	}()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+	return func(body string) {
+		t.Helper()
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case b := <-got:
+				if b == body {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("%s did not arrive within 20s", body)
+			}
+		}
+	}
 }
