@@ -285,13 +285,16 @@ func (l *Loop) watch(ctx context.Context, sub *subscription, check <-chan struct
 			if l.cfg.OnRejoin != nil {
 				l.cfg.OnRejoin()
 			}
-		case err != nil && rejoined != "" && !failing:
-			failing = true
-			l.log.Warn().Err(err).Dur("retry_every", l.cfg.CheckInterval).Msg("durable consumer is gone and cannot be created yet")
 		}
+		next := l.cfg.CheckInterval
 		if sub.ended() {
 			delay = min(max(2*delay, l.cfg.RetryDelay), time.Second)
 			soon = time.After(delay)
+			next = time.Second
+		}
+		if err != nil && rejoined != "" && !failing {
+			failing = true
+			l.log.Warn().Err(err).Dur("retry_within", next).Msg("durable consumer is gone and cannot be created yet")
 		}
 	}
 }
