@@ -66,7 +66,7 @@ type Config struct {
 	// on: it waits for the messages it asked for until two heartbeats are
 	// missing, then asks again. The library's default is half the pull's
 	// 30 s expiry, which left a worker idle for up to 30 s after a stream
-	// was lost. Defaults to 2s; from 100ms to 15s.
+	// was lost. Defaults to 2s; from 500ms (the client library's least) to 15s.
 	Heartbeat time.Duration
 	// Logger receives the loop's logs. Defaults to no logging.
 	Logger *zerolog.Logger
@@ -115,8 +115,8 @@ func New(cfg Config) (*Loop, error) {
 		return nil, fmt.Errorf("pull: Config.MaxMessages %d must be at least 1", cfg.MaxMessages)
 	case cfg.CheckInterval <= 0 || cfg.RetryDelay <= 0:
 		return nil, errors.New("pull: Config.CheckInterval and Config.RetryDelay must be positive")
-	case cfg.Heartbeat < 100*time.Millisecond || cfg.Heartbeat > jetstream.DefaultExpires/2:
-		return nil, fmt.Errorf("pull: Config.Heartbeat %s must be from 100ms to %s", cfg.Heartbeat, jetstream.DefaultExpires/2)
+	case cfg.Heartbeat < 500*time.Millisecond || cfg.Heartbeat > jetstream.DefaultExpires/2:
+		return nil, fmt.Errorf("pull: Config.Heartbeat %s must be from 500ms to %s", cfg.Heartbeat, jetstream.DefaultExpires/2)
 	}
 	log := cfg.Logger.With().Str("stream", cfg.Stream.Name).Str("consumer", cfg.Consumer.Name).Logger()
 	return &Loop{cfg: cfg, log: log}, nil

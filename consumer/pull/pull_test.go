@@ -127,12 +127,37 @@ func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *test
 func TestAHeartbeatOutsideItsRangeIsRefused(t *testing.T) {
 	n := testenv.StartNATS(t)
 	_, js := n.Connect(t)
-	for _, hb := range []time.Duration{time.Millisecond, 20 * time.Second} {
+	for _, hb := range []time.Duration{400 * time.Millisecond, 20 * time.Second} {
 		_, err := pull.New(pull.Config{JetStream: js, Heartbeat: hb})
-		require.EqualError(t, err, "pull: Config.Heartbeat "+hb.String()+" must be from 100ms to 15s")
+		require.EqualError(t, err, "pull: Config.Heartbeat "+hb.String()+" must be from 500ms to 15s")
 	}
-	_, err := pull.New(pull.Config{JetStream: js})
-	require.NoError(t, err, "the default heartbeat should be accepted")
+	// The least the loop takes is the least the client library takes: a
+	// loop it accepts must be able to subscribe.
+	loop, err := pull.New(pull.Config{JetStream: js, Stream: batonnats.StreamConfig{Name: "PULL_HB", SubjectPrefix: "pull.hb"}, Heartbeat: 500 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = js.CreateStream(ctx, batonnats.StreamConfig{Name: "PULL_HB", SubjectPrefix: "pull.hb"}.WithDefaults().JetStreamConfig())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	got := make(chan struct{}, 1)
+	go func() {
+		done <- loop.Run(ctx, func(m jetstream.Msg) {
+			_ = m.Ack()
+			got <- struct{}{}
+		})
+	}()
+	_, err = js.Publish(ctx, "pull.hb.p0.c1", []byte("x"))
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		t.Fatalf("the loop stopped: %v", err)
+	case <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the message did not arrive within 20s")
+	}
+	cancel()
+	require.NoError(t, <-done)
 }
 
 // runLoop runs a loop with cfg until the test ends; the function it returns
