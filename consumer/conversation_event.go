@@ -24,7 +24,7 @@ const (
 	publishMaxPending = 4096
 	publishStallWait  = 200 * time.Millisecond
 	// EventFlushTimeout is how long a stopping worker waits for the
-	// stream to store the events it sent last (EventPublisher.Flush).
+	// stream to store the events it sent last (EventPublisher.Stop).
 	EventFlushTimeout = publishTimeout
 )
 
@@ -70,6 +70,17 @@ func (p *EventPublisher) Publish(ev batonnats.ConversationEvent) {
 	}
 	if err != nil {
 		p.log.Warn().Err(err).Str("conversation_id", ev.ConversationID).Str("event", string(ev.Type)).Msg("could not publish conversation event")
+	}
+}
+
+// Stop waits up to EventFlushTimeout for the stream to answer the events
+// sent last, before the connection closes, and logs what it did not
+// confirm. A worker calls it after Run returned.
+func (p *EventPublisher) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), EventFlushTimeout)
+	defer cancel()
+	if err := p.Flush(ctx); err != nil {
+		p.log.Warn().Err(err).Msg("conversation events not confirmed at shutdown")
 	}
 }
 

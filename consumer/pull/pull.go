@@ -259,32 +259,9 @@ func (l *Loop) watch(ctx context.Context, sub *subscription, check <-chan struct
 		case <-soon:
 		}
 		soon = nil
-		ended := sub.ended()
-		checkCtx, cancel := context.WithTimeout(ctx, checkTimeout)
-		cons, err := l.cfg.JetStream.Consumer(checkCtx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
-		rejoined := ""
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
-			cons, err = l.provision(checkCtx)
-			if err == nil {
-				err = sub.open(cons, l.options()...)
-			}
-			rejoined = "durable consumer was gone; created it again and rejoined"
-		case err == nil && ended:
-			err = sub.open(cons, l.options()...)
-			rejoined = "subscription ended while the durable exists (created again by another member of the group); subscribed again"
-		}
-		cancel()
-		switch {
-		case ctx.Err() != nil:
+		step, err := l.rejoin(ctx, sub)
+		if ctx.Err() != nil {
 			return
-		case err == nil && rejoined != "":
-			failing = false
-			delay = 0
-			l.log.Warn().Msg(rejoined)
-			if l.cfg.OnRejoin != nil {
-				l.cfg.OnRejoin()
-			}
 		}
 		next := l.cfg.CheckInterval
 		if sub.ended() {
@@ -292,11 +269,55 @@ func (l *Loop) watch(ctx context.Context, sub *subscription, check <-chan struct
 			soon = time.After(delay)
 			next = time.Second
 		}
-		if err != nil && rejoined != "" && !failing {
+		switch {
+		case step == nil:
+		case err == nil:
+			failing, delay = false, 0
+			l.log.Warn().Msg(step.done)
+			if l.cfg.OnRejoin != nil {
+				l.cfg.OnRejoin()
+			}
+		case !failing:
 			failing = true
-			l.log.Warn().Err(err).Dur("retry_within", next).Msg("durable consumer is gone and cannot be created yet")
+			l.log.Warn().Err(err).Dur("retry_within", next).Msg(step.failed)
 		}
 	}
+}
+
+// rejoinStep is what rejoin had to do, as its logs say it.
+type rejoinStep struct{ done, failed string }
+
+var (
+	recreate = &rejoinStep{
+		done:   "durable consumer was gone; created it again and rejoined",
+		failed: "durable consumer is gone and cannot be created yet",
+	}
+	reopen = &rejoinStep{
+		done:   "subscription ended while the durable exists (created again by another member of the group); subscribed again",
+		failed: "subscription ended and cannot be opened again yet",
+	}
+)
+
+// rejoin looks at the durable once and subscribes again when it must: the
+// durable is gone (it creates it again), or the subscription ended while
+// the durable exists. It returns the step it took and how that went; nil
+// when there was nothing to do, or the look itself failed (the next look
+// tries again).
+func (l *Loop) rejoin(ctx context.Context, sub *subscription) (*rejoinStep, error) {
+	ended := sub.ended()
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	cons, err := l.cfg.JetStream.Consumer(ctx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
+		if cons, err = l.provision(ctx); err != nil {
+			return recreate, err
+		}
+		return recreate, sub.open(cons, l.options()...)
+	case err == nil && ended:
+		return reopen, sub.open(cons, l.options()...)
+	}
+	return nil, nil
 }
 
 // subscription is the loop's message iterator, which watch replaces when

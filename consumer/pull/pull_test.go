@@ -2,6 +2,7 @@ package pull_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,22 +42,14 @@ func (h *heldLookup) Consumer(ctx context.Context, stream, name string) (jetstre
 // open: after a stream wipe in the kill test, every worker but the one that
 // recreated the durable fetched nothing until it was restarted (24 s).
 func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testing.T) {
-	n := testenv.StartNATS(t)
-	_, admin := n.Connect(t)
-	_, js := n.Connect(t)
-	stream := batonnats.StreamConfig{Name: "PULL_REJOIN", SubjectPrefix: "pull.rejoin"}.WithDefaults()
-	consumer := batonnats.ConsumerConfig{Name: "turns"}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err := admin.CreateStream(ctx, stream.JetStreamConfig())
-	require.NoError(t, err)
+	f := newFixture(t, "PULL_REJOIN")
+	ctx, admin, stream, consumer := f.ctx, f.admin, f.stream, f.consumer
 
-	held := &heldLookup{JetStream: js, entered: make(chan struct{}), release: make(chan struct{})}
+	held := &heldLookup{JetStream: f.js, entered: make(chan struct{}), release: make(chan struct{})}
 	// No periodic look during the test: only the loop's own reaction to
 	// its ended subscription can bring it back.
 	await := runLoop(t, ctx, pull.Config{JetStream: held, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
-	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
-	require.NoError(t, err)
+	f.publish("before")
 	await("before")
 
 	// Delete the durable: the library ends the subscription and the loop
@@ -68,12 +61,11 @@ func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testi
 	case <-time.After(20 * time.Second):
 		t.Fatal("the loop did not look at its durable after the subscription ended")
 	}
-	_, err = batonnats.EnsureConsumer(ctx, admin, stream, consumer)
+	_, err := batonnats.EnsureConsumer(ctx, admin, stream, consumer)
 	require.NoError(t, err)
 	close(held.release)
 
-	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("after"))
-	require.NoError(t, err)
+	f.publish("after")
 	await("after")
 }
 
@@ -85,27 +77,18 @@ func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testi
 // worker fetching nothing while another member of the group, which had
 // created the durable again, did all the work.
 func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *testing.T) {
-	n := testenv.StartNATS(t)
-	_, admin := n.Connect(t)
-	_, js := n.Connect(t)
-	stream := batonnats.StreamConfig{Name: "PULL_WIPE", SubjectPrefix: "pull.wipe"}.WithDefaults()
-	consumer := batonnats.ConsumerConfig{Name: "turns"}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err := admin.CreateStream(ctx, stream.JetStreamConfig())
-	require.NoError(t, err)
+	f := newFixture(t, "PULL_WIPE")
+	ctx, admin, stream, consumer := f.ctx, f.admin, f.stream, f.consumer
 
 	// No periodic look at the durable during the test: it would find the
 	// durable there anyway.
-	await := runLoop(t, ctx, pull.Config{JetStream: js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
-	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("before"))
-	require.NoError(t, err)
+	await := runLoop(t, ctx, pull.Config{JetStream: f.js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
+	f.publish("before")
 	await("before")
 
 	reconnected := make(chan struct{}, 4)
-	loopConn := js.Conn()
-	loopConn.SetReconnectHandler(func(*natsclient.Conn) { reconnected <- struct{}{} })
-	n.Wipe()
+	f.js.Conn().SetReconnectHandler(func(*natsclient.Conn) { reconnected <- struct{}{} })
+	f.nats.Wipe()
 	select {
 	case <-reconnected:
 	case <-time.After(20 * time.Second):
@@ -113,51 +96,27 @@ func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *test
 	}
 	// The loop's pull, sent on reconnecting, found no durable. Now another
 	// member of the group creates the stream and the durable again.
-	_, err = admin.CreateStream(ctx, stream.JetStreamConfig())
+	_, err := admin.CreateStream(ctx, stream.JetStreamConfig())
 	require.NoError(t, err)
 	_, err = batonnats.EnsureConsumer(ctx, admin, stream, consumer)
 	require.NoError(t, err)
-	_, err = admin.Publish(ctx, stream.SubjectPrefix+".p0.c1", []byte("after"))
-	require.NoError(t, err)
+	f.publish("after")
 	// Two missed heartbeats (4 s) and a new pull; the library's default
 	// would take 30 s.
 	await("after")
 }
 
 func TestAHeartbeatOutsideItsRangeIsRefused(t *testing.T) {
-	n := testenv.StartNATS(t)
-	_, js := n.Connect(t)
+	f := newFixture(t, "PULL_HB")
 	for _, hb := range []time.Duration{400 * time.Millisecond, 20 * time.Second} {
-		_, err := pull.New(pull.Config{JetStream: js, Heartbeat: hb})
+		_, err := pull.New(pull.Config{JetStream: f.js, Stream: f.stream, Heartbeat: hb})
 		require.EqualError(t, err, "pull: Config.Heartbeat "+hb.String()+" must be from 500ms to 15s")
 	}
 	// The least the loop takes is the least the client library takes: a
 	// loop it accepts must be able to subscribe.
-	loop, err := pull.New(pull.Config{JetStream: js, Stream: batonnats.StreamConfig{Name: "PULL_HB", SubjectPrefix: "pull.hb"}, Heartbeat: 500 * time.Millisecond})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err = js.CreateStream(ctx, batonnats.StreamConfig{Name: "PULL_HB", SubjectPrefix: "pull.hb"}.WithDefaults().JetStreamConfig())
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	got := make(chan struct{}, 1)
-	go func() {
-		done <- loop.Run(ctx, func(m jetstream.Msg) {
-			_ = m.Ack()
-			got <- struct{}{}
-		})
-	}()
-	_, err = js.Publish(ctx, "pull.hb.p0.c1", []byte("x"))
-	require.NoError(t, err)
-	select {
-	case err := <-done:
-		t.Fatalf("the loop stopped: %v", err)
-	case <-got:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the message did not arrive within 20s")
-	}
-	cancel()
-	require.NoError(t, <-done)
+	await := runLoop(t, f.ctx, pull.Config{JetStream: f.js, Stream: f.stream, Consumer: f.consumer, Heartbeat: 500 * time.Millisecond})
+	f.publish("x")
+	await("x")
 }
 
 // runLoop runs a loop with cfg until the test ends; the function it returns
@@ -194,4 +153,36 @@ func runLoop(t *testing.T, ctx context.Context, cfg pull.Config) (await func(bod
 			}
 		}
 	}
+}
+
+// fixture is a NATS server with a stream for one test: admin plays the
+// rest of the group and the relay, js is the loop's own connection.
+type fixture struct {
+	t         *testing.T
+	nats      *testenv.NATS
+	admin, js jetstream.JetStream
+	stream    batonnats.StreamConfig
+	consumer  batonnats.ConsumerConfig
+	ctx       context.Context
+}
+
+func newFixture(t *testing.T, name string) *fixture {
+	t.Helper()
+	f := &fixture{t: t, nats: testenv.StartNATS(t), consumer: batonnats.ConsumerConfig{Name: "turns"},
+		stream: batonnats.StreamConfig{Name: name, SubjectPrefix: strings.ToLower(strings.ReplaceAll(name, "_", "."))}.WithDefaults()}
+	_, f.admin = f.nats.Connect(t)
+	_, f.js = f.nats.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	f.ctx = ctx
+	_, err := f.admin.CreateStream(ctx, f.stream.JetStreamConfig())
+	require.NoError(t, err)
+	return f
+}
+
+// publish puts body on the stream, as the relay would.
+func (f *fixture) publish(body string) {
+	f.t.Helper()
+	_, err := f.admin.Publish(f.ctx, f.stream.SubjectPrefix+".p0.c1", []byte(body))
+	require.NoError(f.t, err)
 }

@@ -88,13 +88,7 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 		}
 		err = w.Run(gctx)
 		if events != nil {
-			// The last turns' events are sent: wait for the stream to
-			// store them.
-			flushCtx, cancel := context.WithTimeout(context.Background(), consumer.EventFlushTimeout)
-			defer cancel()
-			if ferr := events.Flush(flushCtx); ferr != nil {
-				wlog.Warn().Err(ferr).Msg("conversation events not confirmed at shutdown")
-			}
+			events.Stop()
 		}
 		return err
 	})

@@ -163,13 +163,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		defer stop()
 	}
 	err = w.Run(ctx)
-	// The last turns' events are sent: wait for the stream to store them
-	// before the connection closes.
-	flushCtx, cancel := context.WithTimeout(context.Background(), consumer.EventFlushTimeout)
-	defer cancel()
-	if ferr := events.Flush(flushCtx); ferr != nil {
-		log.Warn().Err(ferr).Msg("conversation events not confirmed at shutdown")
-	}
+	events.Stop()
 	return err
 }
 
