@@ -49,7 +49,8 @@ func TestBatcherRunsALoneCallAtOnceAndGroupsThoseThatWait(t *testing.T) {
 }
 
 // TestTurnsThatWaitForAClaimShareTheNextStatement: while one claim
-// statement waits (here for conversation locks a test transaction holds),
+// statement waits (here for outbox rows a test transaction holds, as a
+// relay's sweep does for a moment),
 // the turns that become ready queue behind it, and once it is through they
 // are all claimed by one statement: 20 conversations take two claim
 // statements, not 20, and each is answered once.
@@ -66,7 +67,7 @@ func TestTurnsThatWaitForAClaimShareTheNextStatement(t *testing.T) {
 	tx, err := b.DB.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT id FROM conversations WHERE id = ANY($1) FOR UPDATE`, keys)
+	_, err = tx.Exec(ctx, `SELECT id FROM agent_outbox WHERE conversation_id = ANY($1) FOR UPDATE`, keys)
 	require.NoError(t, err)
 
 	reg := prometheus.NewRegistry()

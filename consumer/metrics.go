@@ -20,6 +20,7 @@ type metrics struct {
 	operations     *prometheus.CounterVec // by tool and status
 	triggersBroken prometheus.Counter
 	statementTurns *prometheus.HistogramVec // by kind: claim, finalize
+	alone          *prometheus.CounterVec   // by kind: claim, finalize
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -68,6 +69,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_worker_statement_turns", Help: "Turns carried by one claim or finalize statement, by kind (claim, finalize): 1 while the worker keeps up, more when turns wait for the statement before theirs.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"kind"}),
+		alone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_worker_turns_alone_total", Help: "Turns claimed or finalized on their own, by kind (claim, finalize), because the shared statement would have waited for them: another transaction held the conversation, an expired run had to be recovered first, or a newer message superseded the turn.",
+		}, []string{"kind"}),
 	}
 	// Every outcome is a series from the start, so that a failure rate
 	// and a recovery panel exist before the first failure or recovery.
@@ -77,6 +81,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{"retry", "failed"} {
 		m.recoveries.WithLabelValues(o)
 	}
+	for _, k := range []string{"claim", "finalize"} {
+		m.alone.WithLabelValues(k)
+	}
 	for _, r := range []string{ReasonTurnTimeout, ReasonOther} {
 		m.failures.WithLabelValues(r)
 	}
@@ -84,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reg = prometheus.NewRegistry()
 	}
 	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.failures, m.attempts, m.insertToClaim, m.insertToFinal,
-		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken, m.statementTurns} {
+		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken, m.statementTurns, m.alone} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

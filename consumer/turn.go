@@ -42,14 +42,22 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	_, claimSpan := telemetry.Tracer().Start(trace.ContextWithSpan(w.hardCtx, span), "claim")
 	// One statement claims a free conversation and loads the turn, with
 	// the claims of other conversations that are ready at the same time.
-	res := w.claims.do(schema.ClaimParams{
+	// That statement waits for no conversation: one that another
+	// transaction holds, or whose expired run must be recovered first, is
+	// claimed here on its own, so that only this turn waits for it.
+	p := schema.ClaimParams{
 		ConversationID: mb.conversationID,
 		RunID:          runID,
 		Worker:         w.cfg.Name,
 		Lease:          w.cfg.Lease,
 		MaxAttempts:    w.cfg.MaxAttempts,
 		MaxRows:        w.cfg.MaxTurnMessages,
-	})
+	}
+	res := w.claims.do(p)
+	if errors.Is(res.Err, schema.ErrRunAlone) {
+		w.metrics.alone.WithLabelValues("claim").Inc()
+		res.Claim, res.Input, res.Err = schema.ClaimTurn(w.hardCtx, w.cfg.Pool, p, w.cfg.HistoryLimit)
+	}
 	claim, in, err := res.Claim, res.Input, res.Err
 	claimSpan.End()
 	var busy *schema.BusyError
@@ -206,8 +214,14 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 // commitFinalize ends a turn in one transaction. It is a variable only so
 // that the chaos harness can prove it fails a finalize that is not atomic:
 // a build with the chaosbroken tag replaces it, and no other code does.
-var commitFinalize = func(_ context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
+var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
 	r := w.finalizes.do(f)
+	if errors.Is(r.Err, schema.ErrRunAlone) {
+		// The batch waits for no conversation: this one waits on its own,
+		// within this turn's commit deadline.
+		w.metrics.alone.WithLabelValues("finalize").Inc()
+		return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
+	}
 	return r.Finalized, r.Err
 }
 

@@ -310,7 +310,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	w.claims = startBatcher(w.cfg.Concurrency, func(ps []schema.ClaimParams) []schema.ClaimResult {
 		claimTurns.Observe(float64(len(ps)))
-		return schema.ClaimTurns(hardCtx, w.cfg.Pool, ps, w.cfg.HistoryLimit)
+		return schema.ClaimTurnsNoWait(hardCtx, w.cfg.Pool, ps, w.cfg.HistoryLimit)
 	})
 	w.finalizes = startBatcher(w.cfg.Concurrency, func(fs []schema.Finalize) []schema.FinalizeResult {
 		// A finalize runs even when the turn's context has ended: an
@@ -318,7 +318,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		finalizeTurns.Observe(float64(len(fs)))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(hardCtx), commitTimeout)
 		defer cancel()
-		return schema.FinalizeTurns(ctx, w.cfg.Pool, fs)
+		return schema.FinalizeTurnsNoWait(ctx, w.cfg.Pool, fs)
 	})
 	w.mu.Unlock()
 

@@ -208,3 +208,108 @@ func TestABatchTheServerRefusesIsRunOneByOne(t *testing.T) {
 	require.Equal(t, []string{"done"}, b.statuses(t, "b"))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
+
+// TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest: while
+// another transaction holds one conversation's row (an operator's open
+// transaction, a long delete), ClaimTurnsNoWait and FinalizeTurnsNoWait
+// do the other turns at once and return ErrRunAlone for that one, writing
+// nothing for it; so do they for a conversation whose expired run must be
+// recovered first and for a turn a newer message supersedes. Run alone,
+// each of those then waits for the lock and goes through as before. Each
+// statement runs under a deadline: one that waited for the held row would
+// fail the test with it.
+func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	for _, c := range []string{"held", "free", "expired", "newer"} {
+		b.conversation(t, c)
+		b.send(t, c, c+"1", c+" one")
+	}
+	params := func(c, run string) schema.ClaimParams {
+		return schema.ClaimParams{ConversationID: b.key(c), RunID: run, Worker: "w", Lease: time.Minute, MaxAttempts: 3}
+	}
+	b.expire(t, "expired", "run-dead")
+	b.send(t, "expired", "expired2", "expired two")
+
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE`, b.key("held"))
+	require.NoError(t, err)
+
+	quick, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	claims := schema.ClaimTurnsNoWait(quick, b.db.Pool, []schema.ClaimParams{
+		params("held", "run-held"), params("free", "run-free"), params("expired", "run-expired"), params("newer", "run-newer"),
+	}, 10)
+	require.ErrorIs(t, claims[0].Err, schema.ErrRunAlone, "the held conversation is skipped")
+	require.NoError(t, claims[1].Err)
+	require.Len(t, claims[1].Claim.OutboxIDs, 1, "the free conversation is claimed")
+	require.ErrorIs(t, claims[2].Err, schema.ErrRunAlone, "the expired run is left to a claim of its own")
+	require.NoError(t, claims[3].Err)
+	require.Equal(t, []string{"pending"}, b.statuses(t, "held"), "nothing is written for the held conversation")
+	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "expired"), "nor for the expired one")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-held', 'run-expired')`))
+
+	// Alone, the expired run is recovered and its rows claimed.
+	c, _, err := schema.ClaimTurn(quick, b.db.Pool, params("expired", "run-expired"), 10)
+	require.NoError(t, err)
+	require.Len(t, c.OutboxIDs, 2)
+	require.NotNil(t, c.Recovered)
+
+	// Alone, the held conversation's claim waits for the lock.
+	claimed := make(chan schema.ClaimResult, 1)
+	go func() {
+		c, in, err := schema.ClaimTurn(ctx, b.db.Pool, params("held", "run-held"), 10)
+		claimed <- schema.ClaimResult{Claim: c, Input: in, Err: err}
+	}()
+	b.eventuallyWaitsForLock(t, "the lone claim waits for the held conversation")
+	require.NoError(t, holder.Rollback(ctx))
+	held := <-claimed
+	require.NoError(t, held.Err)
+	require.Len(t, held.Claim.OutboxIDs, 1)
+
+	// Finalizes: the held conversation again, and a newer message for one.
+	holder, err = b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE`, b.key("held"))
+	require.NoError(t, err)
+	b.send(t, "newer", "newer2", "newer two")
+	fin := func(c schema.Claim, supersede bool) schema.Finalize {
+		return schema.Finalize{ConversationID: c.ConversationID, RunID: c.RunID, TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "answer", SupersedeIfNewer: supersede}
+	}
+	res := schema.FinalizeTurnsNoWait(quick, b.db.Pool, []schema.Finalize{fin(held.Claim, false), fin(claims[1].Claim, false), fin(claims[3].Claim, true)})
+	require.ErrorIs(t, res[0].Err, schema.ErrRunAlone, "the held conversation is skipped")
+	require.NoError(t, res[1].Err)
+	require.ErrorIs(t, res[2].Err, schema.ErrRunAlone, "handing back a superseded turn is left to a finalize of its own")
+	require.Equal(t, []string{"processing"}, b.statuses(t, "held"), "nothing is written for the held conversation")
+	require.Equal(t, []string{"done"}, b.statuses(t, "free"))
+	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "newer"), "nor for the superseded turn")
+
+	out, err := schema.FinalizeTurn(quick, b.db.Pool, fin(claims[3].Claim, true))
+	require.NoError(t, err)
+	require.True(t, out.Superseded, "alone, the superseded turn is handed back")
+	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "newer"))
+
+	finalized := make(chan error, 1)
+	go func() {
+		_, err := schema.FinalizeTurn(ctx, b.db.Pool, fin(held.Claim, false))
+		finalized <- err
+	}()
+	b.eventuallyWaitsForLock(t, "the lone finalize waits for the held conversation")
+	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, <-finalized)
+	require.Equal(t, []string{"done"}, b.statuses(t, "held"))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+}
+
+// eventuallyWaitsForLock waits until a session of b's database waits for a
+// lock.
+func (b turnBundle) eventuallyWaitsForLock(t *testing.T, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	}, 10*time.Second, 5*time.Millisecond, what)
+}

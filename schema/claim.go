@@ -26,6 +26,13 @@ var (
 	// ErrLeaseLost: the run no longer owns the conversation (its lease
 	// expired and was recovered). Finalize is fenced by this.
 	ErrLeaseLost = errors.New("run no longer owns the conversation")
+	// ErrRunAlone: a claim or finalize of a batch that does not wait
+	// (ClaimTurnsNoWait, FinalizeTurnsNoWait) did nothing for this turn,
+	// because it would have waited: another transaction holds the
+	// conversation, or the turn needs a transaction of its own (recovering
+	// an expired run, handing back a superseded turn). Claim or finalize it
+	// again on its own, with ClaimTurn or FinalizeTurn.
+	ErrRunAlone = errors.New("the turn needs a claim or finalize of its own")
 )
 
 // TurnID is the logical turn of a set of outbox rows: the same rows always

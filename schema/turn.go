@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,7 +75,7 @@ run AS (
 	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, clock_timestamp(), lease.lease_expires_at
 	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id JOIN lease ON lease.id = agg.conversation_id
 	RETURNING conversation_id, lease_expires_at)
-SELECT r.ord, conv.id IS NOT NULL, conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
+SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id), conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
 	conv.not_before, coalesce(conv.waiting, false),
 	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
@@ -91,6 +92,19 @@ LEFT JOIN conv ON conv.id = r.conversation_id
 LEFT JOIN agg ON agg.conversation_id = r.conversation_id
 LEFT JOIN run ON run.conversation_id = r.conversation_id
 ORDER BY r.ord`
+
+// claimNoWaitSQL is claimSQL that skips the conversations whose row
+// another transaction holds instead of waiting for them: their rows show
+// the conversation in the statement's snapshot but not locked.
+var claimNoWaitSQL = noWait(claimSQL, "ORDER BY c.id FOR UPDATE)")
+
+// noWait is query with its lock clause lock made to skip locked rows.
+func noWait(query, lock string) string {
+	if strings.Count(query, lock) != 1 {
+		panic("schema: the lock clause of a batched statement is not where it was")
+	}
+	return strings.Replace(query, lock, strings.TrimSuffix(lock, ")")+" SKIP LOCKED)", 1)
+}
 
 // ClaimResult is the outcome of one claim of ClaimTurns: ClaimTurn's
 // results.
@@ -119,6 +133,19 @@ func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int
 // conversation's trouble never holds up another's; an error of the
 // connection is every claim's.
 func ClaimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit int) []ClaimResult {
+	return claimTurns(ctx, db, ps, historyLimit, false)
+}
+
+// ClaimTurnsNoWait is ClaimTurns that never waits for a conversation: one
+// that another transaction holds, or whose expired run must be recovered
+// first, gets ErrRunAlone and nothing is written for it, so that one
+// conversation never holds up the claims of others. A caller claims each
+// of those again with ClaimTurn, on its own.
+func ClaimTurnsNoWait(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit int) []ClaimResult {
+	return claimTurns(ctx, db, ps, historyLimit, true)
+}
+
+func claimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit int, skipLocked bool) []ClaimResult {
 	out := make([]ClaimResult, len(ps))
 	seen := make(map[string]bool, len(ps))
 	todo := make([]int, 0, len(ps))
@@ -133,11 +160,11 @@ func ClaimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit
 			todo = append(todo, i)
 		}
 	}
-	rows, err := claimScan(ctx, db, ps, todo, historyLimit)
+	rows, err := claimScan(ctx, db, ps, todo, historyLimit, skipLocked)
 	var pgErr *pgconn.PgError
 	if err != nil && len(todo) > 1 && errors.As(err, &pgErr) && ctx.Err() == nil {
 		for _, i := range todo {
-			out[i] = ClaimTurns(ctx, db, ps[i:i+1], historyLimit)[0]
+			out[i] = claimTurns(ctx, db, ps[i:i+1], historyLimit, skipLocked)[0]
 		}
 		return out
 	}
@@ -160,25 +187,25 @@ func ClaimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit
 			again = append(again, i)
 			continue
 		}
-		out[i] = rows[k].result(ctx, db, ps[i], historyLimit)
+		out[i] = rows[k].result(ctx, db, ps[i], historyLimit, skipLocked)
 	}
 	if len(again) == 0 {
 		return out
 	}
-	rows, err = claimScan(ctx, db, ps, again, historyLimit)
+	rows, err = claimScan(ctx, db, ps, again, historyLimit, skipLocked)
 	for k, i := range again {
 		if err != nil {
 			out[i].Err = fmt.Errorf("claim: %w", err)
 			continue
 		}
-		out[i] = rows[k].result(ctx, db, ps[i], historyLimit)
+		out[i] = rows[k].result(ctx, db, ps[i], historyLimit, skipLocked)
 	}
 	return out
 }
 
 // claimRow is one conversation's row of claimSQL.
 type claimRow struct {
-	exists                   bool
+	exists, inSnapshot       bool
 	owner                    *string
 	expires, notBefore       *time.Time
 	expired, waiting         bool
@@ -191,9 +218,9 @@ type claimRow struct {
 	messages, history        []byte
 }
 
-// claimScan runs claimSQL for the claims ps[i] of which, returning their
-// rows in that order.
-func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int) ([]claimRow, error) {
+// claimScan runs claimSQL (claimNoWaitSQL with skipLocked) for the claims
+// ps[i] of which, returning their rows in that order.
+func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int, skipLocked bool) ([]claimRow, error) {
 	n := len(which)
 	convs, runs, workers := make([]string, n), make([]string, n), make([]string, n)
 	leases := make([]float64, n)
@@ -206,7 +233,11 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 			limits[k] = -1
 		}
 	}
-	rows, err := db.Query(ctx, claimSQL, convs, runs, leases, limits, workers, max(historyLimit, 0))
+	query := claimSQL
+	if skipLocked {
+		query = claimNoWaitSQL
+	}
+	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0))
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +246,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 	for rows.Next() {
 		var ord int64
 		var r claimRow
-		if err := rows.Scan(&ord, &r.exists, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting,
+		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting,
 			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.firstCreated, &r.leaseUntil,
 			&r.pending, &r.messages, &r.history); err != nil {
 			return nil, err
@@ -228,12 +259,19 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 	return out, rows.Err()
 }
 
-// result is what ClaimTurn returns for p, given its row.
-func (r claimRow) result(ctx context.Context, db Beginner, p ClaimParams, historyLimit int) ClaimResult {
+// result is what ClaimTurn (ClaimTurnsNoWait with skipLocked) returns for
+// p, given its row.
+func (r claimRow) result(ctx context.Context, db Beginner, p ClaimParams, historyLimit int, skipLocked bool) ClaimResult {
 	fail := func(err error) ClaimResult { return ClaimResult{Err: err} }
 	switch {
+	case !r.exists && r.inSnapshot && skipLocked:
+		// Held by another transaction, so skipped, or deleted since the
+		// snapshot: the claim that waits tells which.
+		return fail(ErrRunAlone)
 	case !r.exists:
 		return fail(ErrConversationDeleted)
+	case r.owner != nil && r.expired && skipLocked:
+		return fail(ErrRunAlone)
 	case r.owner != nil && r.expired:
 		// Recovering the run that held the conversation is a
 		// transaction of several steps: ClaimTx's path.
@@ -345,7 +383,8 @@ run AS (
 	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
 	FROM reply WHERE a.id = reply.run_id
 	RETURNING 1)
-SELECT r.ord, owner.id IS NOT NULL, coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
+SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),
+	coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
 	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id)
 FROM req r
 LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
@@ -353,6 +392,12 @@ LEFT JOIN held ON held.run_id = r.run_id
 LEFT JOIN newer ON newer.run_id = r.run_id
 LEFT JOIN reply ON reply.run_id = r.run_id
 ORDER BY r.ord`
+
+// finalizeNoWaitSQL is finalizeSQL that skips the conversations whose row
+// another transaction holds instead of waiting for them: their rows show
+// the run owning the conversation in the statement's snapshot but not
+// locked.
+var finalizeNoWaitSQL = noWait(finalizeSQL, "ORDER BY c.id FOR NO KEY UPDATE)")
 
 // FinalizeResult is the outcome of one turn of FinalizeTurns: FinalizeTurn's
 // results.
@@ -380,6 +425,20 @@ func FinalizeTurn(ctx context.Context, db Beginner, f Finalize) (Finalized, erro
 // is finalized again alone, so that one turn's trouble never fails
 // another; an error of the connection is every turn's.
 func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeResult {
+	return finalizeTurns(ctx, db, fs, false)
+}
+
+// FinalizeTurnsNoWait is FinalizeTurns that never waits for a
+// conversation: a turn whose conversation another transaction holds, or
+// that a newer message supersedes (handing it back is a transaction of its
+// own), gets ErrRunAlone and nothing is written for it, so that one
+// conversation never holds up the finalizes of others. A caller finalizes
+// each of those again with FinalizeTurn, on its own.
+func FinalizeTurnsNoWait(ctx context.Context, db Beginner, fs []Finalize) []FinalizeResult {
+	return finalizeTurns(ctx, db, fs, true)
+}
+
+func finalizeTurns(ctx context.Context, db Beginner, fs []Finalize, skipLocked bool) []FinalizeResult {
 	out := make([]FinalizeResult, len(fs))
 	n := len(fs)
 	convs, runs, msgIDs, turnIDs, contents := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -401,17 +460,21 @@ func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeRe
 			ids, idRuns = append(ids, id), append(idRuns, run)
 		}
 	}
-	rows, err := db.Query(ctx, finalizeSQL, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns)
+	query := finalizeSQL
+	if skipLocked {
+		query = finalizeNoWaitSQL
+	}
+	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns)
 	type row struct {
-		owned, allHeld, newer, replied bool
-		operations                     int64
+		owned, ownedInSnapshot, allHeld, newer, replied bool
+		operations                                      int64
 	}
 	got := make([]row, n)
 	if err == nil {
 		for rows.Next() {
 			var ord int64
 			var r row
-			if err = rows.Scan(&ord, &r.owned, &r.allHeld, &r.newer, &r.replied, &r.operations); err != nil {
+			if err = rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations); err != nil {
 				break
 			}
 			if ord < 1 || ord > int64(n) {
@@ -429,7 +492,7 @@ func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeRe
 	if err != nil && n > 1 && errors.As(err, &pgErr) && ctx.Err() == nil {
 		for i := range fs {
 			if out[i].Err == nil {
-				out[i] = FinalizeTurns(ctx, db, fs[i:i+1])[0]
+				out[i] = finalizeTurns(ctx, db, fs[i:i+1], skipLocked)[0]
 			}
 		}
 		return out
@@ -444,10 +507,17 @@ func FinalizeTurns(ctx context.Context, db Beginner, fs []Finalize) []FinalizeRe
 		}
 		r := got[i]
 		switch {
+		case !r.owned && r.ownedInSnapshot && skipLocked:
+			// Held by another transaction, so skipped, or taken from
+			// the run since the snapshot: the finalize that waits tells
+			// which.
+			out[i].Err = ErrRunAlone
 		case !r.owned:
 			out[i].Err = ownershipError(ctx, db, f.ConversationID)
 		case !r.allHeld:
 			out[i].Err = fmt.Errorf("%w: some claimed rows are no longer processing for run %s", ErrLeaseLost, f.RunID)
+		case r.newer && skipLocked:
+			out[i].Err = ErrRunAlone
 		case r.newer:
 			out[i] = supersedeOrFinalize(ctx, db, f)
 		case !r.replied:
