@@ -298,6 +298,9 @@ func plainPubAck(data []byte) bool {
 			rest = rest[n:]
 		case bytes.HasPrefix(rest, []byte(`,"duplicate":true`)):
 			rest = rest[len(`,"duplicate":true`):]
+		case bytes.HasPrefix(rest, []byte(`,"duplicate": true`)):
+			// How nats-server writes the acknowledgement of a duplicate.
+			rest = rest[len(`,"duplicate": true`):]
 		case bytes.HasPrefix(rest, []byte(`,"duplicate":false`)):
 			rest = rest[len(`,"duplicate":false`):]
 		case bytes.HasPrefix(rest, []byte(`,"domain":"`)):

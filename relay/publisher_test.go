@@ -50,11 +50,25 @@ func TestAckError(t *testing.T) {
 	require.ErrorIs(t, ackError(&natsclient.Msg{}), jetstream.ErrInvalidJSAck)
 }
 
+// TestTheShortcutReadsTheAcknowledgementsTheServerSends: a stored message's
+// acknowledgement and a duplicate's, as nats-server writes them, take the
+// shortcut, not the JSON decoder.
+func TestTheShortcutReadsTheAcknowledgementsTheServerSends(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"stream":"BATON_OUTBOX","seq":12}`,
+		`{"stream":"BATON_OUTBOX","seq":12,"duplicate": true}`,
+		`{"stream":"BATON_OUTBOX","domain":"hub","seq":12,"duplicate": true}`,
+	} {
+		require.True(t, plainPubAck([]byte(body)), body)
+	}
+}
+
 // FuzzPlainPubAck checks that the shortcut for acknowledgements never
 // accepts what the JSON decoder would refuse or read as a failure.
 func FuzzPlainPubAck(f *testing.F) {
 	for _, s := range []string{
-		`{"stream":"S","seq":1}`, `{"stream":"S","seq":1,"duplicate":true}`, `{"stream":"S","domain":"d","seq":1}`,
+		`{"stream":"S","seq":1}`, `{"stream":"S","seq":1,"duplicate":true}`, `{"stream":"S","seq":1,"duplicate": true}`, `{"stream":"S","domain":"d","seq":1}`,
 		`{"stream":"S","seq":1,"error":{"code":1}}`, `{"stream":"S","seq":}`, `{"stream":"","seq":1}`,
 		"{\"stream\":\"\x1c\"}", `{"stream":"S","seq":01}`,
 	} {
