@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/internal/setting"
 )
 
 // gatedEcho is the echo agent, except that a turn of the conversation
@@ -53,6 +56,7 @@ func TestAConversationAnotherTransactionHoldsHoldsUpOnlyItsOwnTurn(t *testing.T)
 	cfg.Concurrency = 4
 	// Long enough that no lease expires while the test holds a row.
 	cfg.Lease = 30 * time.Second
+	cfg.LockWait = 300 * time.Millisecond
 	cfg.Registerer = reg
 	b.startWorker(cfg)
 
@@ -85,6 +89,9 @@ func TestAConversationAnotherTransactionHoldsHoldsUpOnlyItsOwnTurn(t *testing.T)
 	b.Eventually(20*time.Second, func() bool { return waiting(claimText) }, "the held conversation's claim waits for its row")
 	b.Send("other-1", "o1", "hello")
 	b.Eventually(20*time.Second, func() bool { return answered("other-1") }, "another conversation is answered while the held one's claim waits")
+	// The claim waits for LockWait at a time: it gives up, and its trigger
+	// comes back, while the row stays held.
+	b.Eventually(20*time.Second, func() bool { return counter(reg, "baton_triggers_delayed_busy_total", "") >= 1 }, "the held conversation's claim gives up after LockWait")
 	require.False(t, answered("claim-held"))
 	release()
 	b.Eventually(20*time.Second, func() bool { return answered("claim-held") }, "the held conversation is answered once its row is free")
@@ -109,17 +116,30 @@ func TestAConversationAnotherTransactionHoldsHoldsUpOnlyItsOwnTurn(t *testing.T)
 		require.True(t, answered(c), "%s has its one reply", c)
 	}
 	require.Equal(t, 4, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`))
-	alone := map[string]float64{}
+	// Each held turn ran alone at least once; a producer's commit seen
+	// mid-way can send another turn alone too.
+	require.GreaterOrEqual(t, counter(reg, "baton_worker_turns_alone_total", "claim"), 1.0)
+	require.GreaterOrEqual(t, counter(reg, "baton_worker_turns_alone_total", "finalize"), 1.0)
+}
+
+// counter is the value of the counter name in reg, of the series whose
+// first label has value label ("" for a counter without labels).
+func counter(reg *prometheus.Registry, name, label string) float64 {
 	families, err := reg.Gather()
-	require.NoError(t, err)
+	if err != nil {
+		panic(err)
+	}
 	for _, f := range families {
-		if f.GetName() == "baton_worker_turns_alone_total" {
-			for _, m := range f.GetMetric() {
-				alone[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if label == "" || len(m.GetLabel()) > 0 && m.GetLabel()[0].GetValue() == label {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
-	require.Equal(t, map[string]float64{"claim": 1, "finalize": 1}, alone, "each held turn ran alone once")
+	return 0
 }
 
 // receive waits for a value on c, for at most 20 s.
@@ -132,4 +152,64 @@ func receive[T any](t *testing.T, c <-chan T, what string) T {
 		t.Fatalf("after 20s: %s", what)
 		panic("unreachable")
 	}
+}
+
+// TestAtMostAQuarterOfThePoolWaitsForHeldConversations: with a pool of 4
+// connections, one claim at a time waits on its own for a held
+// conversation; the claim of a second held conversation does not take
+// another connection to wait too, but delays its triggers at once. Both
+// are answered once their rows are free.
+func TestAtMostAQuarterOfThePoolWaitsForHeldConversations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	held := []string{b.Conversation("held-1"), b.Conversation("held-2")}
+	pcfg, err := pgxpool.ParseConfig(b.DB.URL)
+	require.NoError(t, err)
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	cfg := b.testConfig()
+	cfg.Pool = pool
+	cfg.Registerer = reg
+	cfg.Concurrency = 4
+	cfg.Lease = 30 * time.Second
+	cfg.LockWait = 8 * time.Second
+	b.startWorker(cfg)
+
+	tx, err := b.DB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM conversations WHERE id = ANY($1) FOR KEY SHARE`, held)
+	require.NoError(t, err)
+	b.Send("held-1", "h1", "hello")
+	b.Send("held-2", "h2", "hello")
+	waitingClaims := func() int {
+		return b.Count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`,
+			"unnest($1::text[], $2::text[], $3::float8[]")
+	}
+	// Sooner than LockWait: the second claim does not wait.
+	b.Eventually(cfg.LockWait/2, func() bool { return counter(reg, "baton_triggers_delayed_busy_total", "") >= 1 && waitingClaims() == 1 },
+		"one claim waits for its held conversation and the other delays its triggers")
+	require.NoError(t, tx.Rollback(ctx))
+	b.settled(30 * time.Second)
+	require.Equal(t, 2, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "each held conversation answered once")
+}
+
+// TestALockWaitOutsideItsRangeIsRefused: LockWait defaults to 5s or a
+// third of the lease, whichever is shorter, and must be shorter than the
+// lease.
+func TestALockWaitOutsideItsRangeIsRefused(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, DefaultLockWait, Config{}.WithDefaults().LockWait)
+	require.Equal(t, time.Second, Config{Lease: 3 * time.Second}.WithDefaults().LockWait)
+	for _, wait := range []time.Duration{-time.Second, DefaultLease, 2 * DefaultLease} {
+		err := Config{LockWait: wait}.WithDefaults().Validate()
+		var serr *setting.Error
+		require.ErrorAs(t, err, &serr, "LockWait %s", wait)
+		require.Equal(t, "LockWait", serr.Field)
+	}
+	require.NoError(t, Config{LockWait: time.Second}.WithDefaults().Validate())
 }

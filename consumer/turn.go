@@ -44,7 +44,8 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	// the claims of other conversations that are ready at the same time.
 	// That statement waits for no conversation: one that another
 	// transaction holds, or whose expired run must be recovered first, is
-	// claimed here on its own, so that only this turn waits for it.
+	// claimed here on its own, so that only this turn waits for it, for at
+	// most LockWait.
 	p := schema.ClaimParams{
 		ConversationID: mb.conversationID,
 		RunID:          runID,
@@ -55,8 +56,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	}
 	res := w.claims.do(p)
 	if errors.Is(res.Err, schema.ErrRunAlone) {
-		w.metrics.alone.WithLabelValues("claim").Inc()
-		res.Claim, res.Input, res.Err = schema.ClaimTurn(w.hardCtx, w.cfg.Pool, p, w.cfg.HistoryLimit)
+		res = w.claimAlone(p)
 	}
 	claim, in, err := res.Claim, res.Input, res.Err
 	claimSpan.End()
@@ -73,6 +73,18 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		return
 	case errors.Is(err, schema.ErrConversationDeleted):
 		ackAll(batch)
+		return
+	case errors.Is(err, errLockWait):
+		// Another transaction holds the conversation: look again later,
+		// holding nothing meanwhile.
+		w.metrics.busy.Add(float64(len(batch)))
+		log.Warn().Dur("lock_wait", w.cfg.LockWait).Msg("conversation held by another transaction; delaying triggers")
+		nakAll(batch, w.cfg.BusyDelay)
+		return
+	case errors.Is(err, errAloneFull):
+		w.metrics.busy.Add(float64(len(batch)))
+		log.Debug().Msg("too many claims wait for held conversations; delaying triggers")
+		nakAll(batch, w.cfg.LockWait)
 		return
 	case errors.As(err, &wait):
 		// The model server asked to wait: the triggers come back when the
@@ -220,9 +232,47 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 		// The batch waits for no conversation: this one waits on its own,
 		// within this turn's commit deadline.
 		w.metrics.alone.WithLabelValues("finalize").Inc()
+		select {
+		case w.alone <- struct{}{}:
+			defer func() { <-w.alone }()
+		case <-ctx.Done():
+			return schema.Finalized{}, fmt.Errorf("finalize: wait for a connection of its own: %w", context.Cause(ctx))
+		}
 		return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
 	}
 	return r.Finalized, r.Err
+}
+
+var (
+	// errLockWait: a claim waited LockWait for a conversation another
+	// transaction holds, and gave up.
+	errLockWait = errors.New("the conversation stayed held by another transaction")
+	// errAloneFull: as many claims as may wait for held conversations do.
+	errAloneFull = errors.New("too many claims wait for held conversations")
+)
+
+// claimAlone claims p on its own connection, waiting for its conversation
+// for at most LockWait: errLockWait past that, errAloneFull at once when as
+// many claims as may already wait so.
+func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
+	w.metrics.alone.WithLabelValues("claim").Inc()
+	select {
+	case w.alone <- struct{}{}:
+		defer func() { <-w.alone }()
+	default:
+		return schema.ClaimResult{Err: errAloneFull}
+	}
+	ctx, cancel := context.WithTimeout(w.hardCtx, w.cfg.LockWait)
+	defer cancel()
+	var r schema.ClaimResult
+	r.Claim, r.Input, r.Err = schema.ClaimTurn(ctx, w.cfg.Pool, p, w.cfg.HistoryLimit)
+	if r.Err != nil && ctx.Err() != nil && w.hardCtx.Err() == nil {
+		// Nothing was claimed, or the claim committed as it was
+		// cancelled: then the lease holds the rows until it expires, and
+		// recovery hands them to the next turn.
+		r.Err = errLockWait
+	}
+	return r
 }
 
 // finalize commits the reply, then acks.

@@ -31,7 +31,10 @@ const (
 	// DefaultTurnTimeout is a turn's wall-clock deadline.
 	DefaultTurnTimeout = 15 * time.Minute
 	DefaultBusyDelay   = 250 * time.Millisecond
-	DefaultRetryDelay  = 2 * time.Second
+	// DefaultLockWait bounds a claim's wait for a conversation another
+	// transaction holds (at most a third of the lease).
+	DefaultLockWait   = 5 * time.Second
+	DefaultRetryDelay = 2 * time.Second
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
@@ -97,6 +100,15 @@ type Config struct {
 	// its conversation; it comes back sooner if that run's lease expires
 	// sooner. Defaults to 250ms.
 	BusyDelay time.Duration
+	// LockWait is how long a turn's claim waits for its conversation while
+	// another transaction holds the row (an operator's open transaction,
+	// a long delete); the triggers then come back after BusyDelay. It
+	// waits on its own connection, outside the shared claim statement, and
+	// at most a quarter of the pool's connections wait so at once: the
+	// other turns' statements and lease renewals keep theirs. Must be
+	// shorter than the Lease. Defaults to 5s or a third of the Lease,
+	// whichever is shorter.
+	LockWait time.Duration
 	// RetryDelay is how long a trigger is delayed after an error that may
 	// pass, such as the database being unreachable. Defaults to 2s.
 	RetryDelay time.Duration
@@ -167,6 +179,9 @@ func (c Config) WithDefaults() Config {
 	if c.BusyDelay == 0 {
 		c.BusyDelay = DefaultBusyDelay
 	}
+	if c.LockWait == 0 {
+		c.LockWait = min(DefaultLockWait, c.Lease/3)
+	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = DefaultRetryDelay
 	}
@@ -206,6 +221,8 @@ func (c Config) Validate() error {
 		return setting.Errorf("TurnTimeout", c.TurnTimeout, "must be positive")
 	case c.BusyDelay <= 0:
 		return setting.Errorf("BusyDelay", c.BusyDelay, "must be positive")
+	case c.LockWait <= 0 || c.LockWait >= c.Lease:
+		return setting.Errorf("LockWait", c.LockWait, "must be positive and shorter than the lease %s", c.Lease)
 	case c.RetryDelay <= 0:
 		return setting.Errorf("RetryDelay", c.RetryDelay, "must be positive")
 	case c.RecoveryInterval <= 0:
@@ -238,6 +255,9 @@ type Worker struct {
 
 	// slots bounds running turns.
 	slots chan struct{}
+	// alone bounds the claims and finalizes that wait for a conversation
+	// on their own connection (see Config.LockWait).
+	alone chan struct{}
 	// claims and finalizes run the claims and finalizes of turns ready at
 	// the same time in one statement each.
 	claims    *batcher[schema.ClaimParams, schema.ClaimResult]
@@ -303,6 +323,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer hardCancel()
 	w.hardCtx = hardCtx
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
+	w.alone = make(chan struct{}, max(1, int(w.cfg.Pool.Config().MaxConns)/4))
 	w.mailboxes = map[string]*mailbox{}
 	w.stopping = make(chan struct{})
 	claimTurns, finalizeTurns := w.metrics.statementTurns.WithLabelValues("claim"), w.metrics.statementTurns.WithLabelValues("finalize")
