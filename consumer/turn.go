@@ -74,7 +74,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	case errors.Is(err, schema.ErrConversationDeleted):
 		ackAll(batch)
 		return
-	case errors.Is(err, errLockWait):
+	case errors.Is(err, schema.ErrLockWait):
 		// Another transaction holds the conversation: look again later,
 		// holding nothing meanwhile.
 		w.metrics.busy.Add(float64(len(batch)))
@@ -243,17 +243,12 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 	return r.Finalized, r.Err
 }
 
-var (
-	// errLockWait: a claim waited LockWait for a conversation another
-	// transaction holds, and gave up.
-	errLockWait = errors.New("the conversation stayed held by another transaction")
-	// errAloneFull: as many claims as may wait for held conversations do.
-	errAloneFull = errors.New("too many claims wait for held conversations")
-)
+// errAloneFull: as many claims as may wait for held conversations do.
+var errAloneFull = errors.New("too many claims wait for held conversations")
 
 // claimAlone claims p on its own connection, waiting for its conversation
-// for at most LockWait: errLockWait past that, errAloneFull at once when as
-// many claims as may already wait so.
+// for at most LockWait: schema.ErrLockWait past that, errAloneFull at once
+// when as many claims as may already wait so.
 func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
 	w.metrics.alone.WithLabelValues("claim").Inc()
 	select {
@@ -262,16 +257,8 @@ func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
 	default:
 		return schema.ClaimResult{Err: errAloneFull}
 	}
-	ctx, cancel := context.WithTimeout(w.hardCtx, w.cfg.LockWait)
-	defer cancel()
 	var r schema.ClaimResult
-	r.Claim, r.Input, r.Err = schema.ClaimTurn(ctx, w.cfg.Pool, p, w.cfg.HistoryLimit)
-	if r.Err != nil && ctx.Err() != nil && w.hardCtx.Err() == nil {
-		// Nothing was claimed, or the claim committed as it was
-		// cancelled: then the lease holds the rows until it expires, and
-		// recovery hands them to the next turn.
-		r.Err = errLockWait
-	}
+	r.Claim, r.Input, r.Err = schema.ClaimTurnWithin(w.hardCtx, w.cfg.Pool, p, w.cfg.HistoryLimit, w.cfg.LockWait)
 	return r
 }
 

@@ -215,7 +215,8 @@ func TestABatchTheServerRefusesIsRunOneByOne(t *testing.T) {
 // do the other turns at once and return ErrRunAlone for that one, writing
 // nothing for it; so do they for a conversation whose expired run must be
 // recovered first and for a turn a newer message supersedes. Run alone,
-// each of those then waits for the lock and goes through as before. Each
+// each of those then waits for the lock and goes through as before; a
+// claim alone within a bound gives up past it and never claims later. Each
 // statement runs under a deadline: one that waited for the held row would
 // fail the test with it.
 func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) {
@@ -258,6 +259,12 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 	require.Len(t, c.OutboxIDs, 2)
 	require.NotNil(t, c.Recovered)
 
+	// Alone and within a bound, it gives up past the bound, and the server
+	// claims nothing then or later: the claim below gets the rows.
+	_, _, err = schema.ClaimTurnWithin(quick, b.db.Pool, params("held", "run-bounded"), 10, 100*time.Millisecond)
+	require.ErrorIs(t, err, schema.ErrLockWait)
+	require.Equal(t, []string{"pending"}, b.statuses(t, "held"))
+
 	// Alone, the held conversation's claim waits for the lock.
 	claimed := make(chan schema.ClaimResult, 1)
 	go func() {
@@ -269,6 +276,7 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 	held := <-claimed
 	require.NoError(t, held.Err)
 	require.Len(t, held.Claim.OutboxIDs, 1)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-bounded'`), "the bounded claim that gave up never claims")
 
 	// Finalizes: the held conversation again, and a newer message for one.
 	holder, err = b.db.Pool.Begin(ctx)

@@ -33,6 +33,9 @@ var (
 	// an expired run, handing back a superseded turn). Claim or finalize it
 	// again on its own, with ClaimTurn or FinalizeTurn.
 	ErrRunAlone = errors.New("the turn needs a claim or finalize of its own")
+	// ErrLockWait: ClaimTurnWithin waited as long as it was given for a
+	// lock another transaction holds, and claimed nothing.
+	ErrLockWait = errors.New("the conversation stayed locked by another transaction")
 )
 
 // TurnID is the logical turn of a set of outbox rows: the same rows always

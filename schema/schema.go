@@ -34,6 +34,7 @@ var (
 const (
 	pgUniqueViolation     = "23505"
 	pgForeignKeyViolation = "23503"
+	pgLockNotAvailable    = "55P03"
 )
 
 // IsForeignKeyViolation reports whether err is a foreign key violation,

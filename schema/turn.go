@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,6 +124,33 @@ type ClaimResult struct {
 func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int) (Claim, TurnInput, error) {
 	r := ClaimTurns(ctx, db, []ClaimParams{p}, historyLimit)[0]
 	return r.Claim, r.Input, r.Err
+}
+
+// ClaimTurnWithin is ClaimTurn that waits at most wait for the locks it
+// needs (the server's lock_timeout, in a transaction of its own): past
+// that it returns ErrLockWait, the server has claimed nothing, and the
+// connection stays usable. (A context's deadline would close the
+// connection, and stop the server's wait only through a cancel request sent
+// on another connection, at best.)
+func ClaimTurnWithin(ctx context.Context, db Beginner, p ClaimParams, historyLimit int, wait time.Duration) (Claim, TurnInput, error) {
+	var c Claim
+	var in TurnInput
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(wait.Milliseconds(), 1), 10)); err != nil {
+			return err
+		}
+		var err error
+		c, in, err = ClaimTurn(ctx, tx, p, historyLimit)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgLockNotAvailable {
+		return Claim{}, TurnInput{}, ErrLockWait
+	}
+	if err != nil {
+		return Claim{}, TurnInput{}, err
+	}
+	return c, in, nil
 }
 
 // ClaimTurns is ClaimTurn for several conversations in one statement: one
