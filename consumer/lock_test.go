@@ -176,7 +176,7 @@ func TestAtMostAQuarterOfThePoolWaitsForHeldConversations(t *testing.T) {
 	cfg.Registerer = reg
 	cfg.Concurrency = 4
 	cfg.Lease = 30 * time.Second
-	cfg.LockWait = 8 * time.Second
+	cfg.LockWait = 10 * time.Second
 	b.startWorker(cfg)
 
 	tx, err := b.DB.Pool.Begin(ctx)

@@ -78,7 +78,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		// Another transaction holds the conversation: look again later,
 		// holding nothing meanwhile.
 		w.metrics.busy.Add(float64(len(batch)))
-		log.Warn().Dur("lock_wait", w.cfg.LockWait).Msg("conversation held by another transaction; delaying triggers")
+		log.Info().Dur("lock_wait", w.cfg.LockWait).Msg("conversation held by another transaction; delaying triggers")
 		nakAll(batch, w.cfg.BusyDelay)
 		return
 	case errors.Is(err, errAloneFull):
@@ -230,14 +230,11 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 	r := w.finalizes.do(f)
 	if errors.Is(r.Err, schema.ErrRunAlone) {
 		// The batch waits for no conversation: this one waits on its own,
-		// within this turn's commit deadline.
+		// within this turn's commit deadline. It does not take one of the
+		// places of claims that wait (w.alone): most lone finalizes are
+		// turns a newer message superseded, which wait for nothing, and
+		// must not queue behind one that waits for a held conversation.
 		w.metrics.alone.WithLabelValues("finalize").Inc()
-		select {
-		case w.alone <- struct{}{}:
-			defer func() { <-w.alone }()
-		case <-ctx.Done():
-			return schema.Finalized{}, fmt.Errorf("finalize: wait for a connection of its own: %w", context.Cause(ctx))
-		}
 		return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
 	}
 	return r.Finalized, r.Err
@@ -250,13 +247,13 @@ var errAloneFull = errors.New("too many claims wait for held conversations")
 // for at most LockWait: schema.ErrLockWait past that, errAloneFull at once
 // when as many claims as may already wait so.
 func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
-	w.metrics.alone.WithLabelValues("claim").Inc()
 	select {
 	case w.alone <- struct{}{}:
 		defer func() { <-w.alone }()
 	default:
 		return schema.ClaimResult{Err: errAloneFull}
 	}
+	w.metrics.alone.WithLabelValues("claim").Inc()
 	var r schema.ClaimResult
 	r.Claim, r.Input, r.Err = schema.ClaimTurnWithin(w.hardCtx, w.cfg.Pool, p, w.cfg.HistoryLimit, w.cfg.LockWait)
 	return r

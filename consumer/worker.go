@@ -255,8 +255,8 @@ type Worker struct {
 
 	// slots bounds running turns.
 	slots chan struct{}
-	// alone bounds the claims and finalizes that wait for a conversation
-	// on their own connection (see Config.LockWait).
+	// alone bounds the claims that wait for a conversation on their own
+	// connection (see Config.LockWait).
 	alone chan struct{}
 	// claims and finalizes run the claims and finalizes of turns ready at
 	// the same time in one statement each.

@@ -126,7 +126,7 @@ func ClaimTurn(ctx context.Context, db Beginner, p ClaimParams, historyLimit int
 	return r.Claim, r.Input, r.Err
 }
 
-// ClaimTurnWithin is ClaimTurn that waits at most wait for the locks it
+// ClaimTurnWithin is ClaimTurn that waits at most wait for each lock it
 // needs (the server's lock_timeout, in a transaction of its own): past
 // that it returns ErrLockWait, the server has claimed nothing, and the
 // connection stays usable. (A context's deadline would close the
