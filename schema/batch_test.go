@@ -321,3 +321,39 @@ func (b turnBundle) eventuallyWaitsForLock(t *testing.T, what string) {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
 	}, 10*time.Second, 5*time.Millisecond, what)
 }
+
+// TestABoundedClaimThatGivesUpWhileRecoveringLeavesTheExpiredRunAsItWas:
+// the recovery of an expired run inside ClaimTurnWithin waits for outbox
+// rows another transaction holds; past the bound the whole claim gives up
+// with ErrLockWait and the recovery is undone with it: the dead run still
+// owns the conversation and its rows are still processing. Once the rows
+// are free, a claim recovers the run and takes them.
+func TestABoundedClaimThatGivesUpWhileRecoveringLeavesTheExpiredRunAsItWas(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "one")
+	b.expire(t, "c", "run-dead")
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM agent_outbox WHERE conversation_id = $1 FOR UPDATE`, b.key("c"))
+	require.NoError(t, err)
+
+	p := schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-new", Worker: "w", Lease: time.Minute, MaxAttempts: 3}
+	quick, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, _, err = schema.ClaimTurnWithin(quick, b.db.Pool, p, 10, 100*time.Millisecond)
+	require.ErrorIs(t, err, schema.ErrLockWait)
+	require.Equal(t, []string{"processing"}, b.statuses(t, "c"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND run_id = 'run-dead'`, b.key("c")), "the dead run still owns the conversation")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-dead' AND status = 'running'`), "the dead run is not marked recovered")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-new'`))
+
+	require.NoError(t, holder.Rollback(ctx))
+	c, _, err := schema.ClaimTurnWithin(quick, b.db.Pool, p, 10, 100*time.Millisecond)
+	require.NoError(t, err)
+	require.NotNil(t, c.Recovered, "the claim recovers the dead run once the rows are free")
+	require.Len(t, c.OutboxIDs, 1)
+}
