@@ -1,10 +1,8 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,25 +12,6 @@ import (
 	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 )
-
-// lockedBuffer is a log sink the publisher's acknowledgement goroutine and
-// the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Publish returns without waiting for the stream; Flush waits until the
 // stream stored every event sent, each once on its conversation's subject
@@ -45,7 +24,7 @@ func TestTheEventPublisherStoresEveryEventOnceByTheTimeFlushReturns(t *testing.T
 	defer cancel()
 	stream, _, err := batonnats.ProvisionEventsStream(ctx, js, cfg, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	p, err := NewEventPublisher(js, cfg, zerolog.New(&logs))
 	require.NoError(t, err)
 
@@ -71,7 +50,7 @@ func TestAnEventTheStreamDidNotStoreIsLoggedAndDoesNotHoldUpFlush(t *testing.T) 
 	n := testenv.StartNATS(t)
 	_, js := n.Connect(t)
 	cfg := batonnats.EventsConfig{Name: "EVENTS_NONE", SubjectPrefix: "eventsnone"}.WithDefaults()
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	p, err := NewEventPublisher(js, cfg, zerolog.New(&logs))
 	require.NoError(t, err)
 

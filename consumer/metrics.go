@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_triggers_deduplicated_total", Help: "Triggers acknowledged without a turn: their rows were already claimed or done (redeliveries, re-announcements).",
 		}),
 		busy: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "baton_triggers_delayed_busy_total", Help: "Triggers delayed because another run owned the conversation.",
+			Name: "baton_triggers_delayed_busy_total", Help: "Triggers delayed because another run owned the conversation, or another transaction held it past LockWait (or too many claims already waited for held conversations).",
 		}),
 		waiting: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "baton_triggers_delayed_waiting_total", Help: "Triggers delayed because the model server asked the conversation to wait (Retry-After).",

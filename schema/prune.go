@@ -35,15 +35,15 @@ import (
 
 // Defaults of a Retention.
 const (
-	DefaultOutboxRetention        = 30 * 24 * time.Hour
-	DefaultRunRetention           = 30 * 24 * time.Hour
-	DefaultOperationRetention     = 30 * 24 * time.Hour
-	DefaultInboxMargin            = 24 * time.Hour
-	DefaultPruneBatch             = 1000
-	DefaultPrunePassTime          = time.Minute
-	DefaultPruneStatementTimeout  = 30 * time.Second
-	minimumPruneStatementTimeout  = 100 * time.Millisecond
-	minimumPruneLockTimeoutMillis = 50
+	DefaultOutboxRetention       = 30 * 24 * time.Hour
+	DefaultRunRetention          = 30 * 24 * time.Hour
+	DefaultOperationRetention    = 30 * 24 * time.Hour
+	DefaultInboxMargin           = 24 * time.Hour
+	DefaultPruneBatch            = 1000
+	DefaultPrunePassTime         = time.Minute
+	DefaultPruneStatementTimeout = 30 * time.Second
+	minimumPruneStatementTimeout = 100 * time.Millisecond
+	minimumPruneLockTimeout      = 50 * time.Millisecond
 )
 
 // Prunable tables, as PruneResult and the metrics name them.
@@ -456,8 +456,8 @@ func shortTx(ctx context.Context, db txStarter, r Retention, fn func(pgx.Tx) err
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, r.StatementTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		lock := max(r.StatementTimeout.Milliseconds()/10, minimumPruneLockTimeoutMillis)
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, lock)); err != nil {
+		lock := max(r.StatementTimeout/10, minimumPruneLockTimeout)
+		if err := setLockTimeout(ctx, tx, lock); err != nil {
 			return err
 		}
 		return fn(tx)

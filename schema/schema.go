@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,6 +38,13 @@ const (
 	pgForeignKeyViolation = "23503"
 	pgLockNotAvailable    = "55P03"
 )
+
+// setLockTimeout makes each lock tx waits for fail with 55P03
+// (pgLockNotAvailable) after d, until tx ends.
+func setLockTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+	return err
+}
 
 // IsForeignKeyViolation reports whether err is a foreign key violation,
 // which finalize treats as "the conversation was deleted mid-turn".

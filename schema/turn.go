@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -136,7 +135,7 @@ func ClaimTurnWithin(ctx context.Context, db Beginner, p ClaimParams, historyLim
 	var c Claim
 	var in TurnInput
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(wait.Milliseconds(), 1), 10)); err != nil {
+		if err := setLockTimeout(ctx, tx, wait); err != nil {
 			return err
 		}
 		var err error
