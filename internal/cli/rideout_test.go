@@ -31,7 +31,9 @@ func runService(t *testing.T, name string, args ...string) *service {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &service{name: name, cancel: cancel, done: make(chan error, 1), stderr: &testenv.SyncBuffer{}}
-	go func() { s.done <- cli.Run(ctx, append([]string{"--log-format", "json"}, args...), &testenv.SyncBuffer{}, s.stderr) }()
+	go func() {
+		s.done <- cli.Run(ctx, append([]string{"--log-format", "json"}, args...), &testenv.SyncBuffer{}, s.stderr)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
