@@ -19,7 +19,7 @@ import (
 // workerProcesses starts n real `baton worker` processes with default
 // settings (the 30 s lease among them) on the bundle's database and
 // stream, and waits until each holds its session.
-func (b *bundle) workerProcesses(t *testing.T, n int, extra ...string) []*proctest.Process {
+func (b *bundle) workerProcesses(t testing.TB, n int, extra ...string) []*proctest.Process {
 	t.Helper()
 	bin := testenv.BatonBinary(t)
 	var g proctest.Group
@@ -48,7 +48,7 @@ func (b *bundle) workerProcesses(t *testing.T, n int, extra ...string) []*procte
 // server for a while, as they have on any database in use: free locks
 // count from the start instead of ten seconds after the first worker took
 // its lock (the grace that covers a restart, tested in schema).
-func (b *bundle) trustSessions(t *testing.T) {
+func (b *bundle) trustSessions(t testing.TB) {
 	t.Helper()
 	_, err := b.DB.Pool.Exec(context.Background(), `
 		INSERT INTO worker_session_epochs (server_started_at, first_session_at)
@@ -60,7 +60,7 @@ func (b *bundle) trustSessions(t *testing.T) {
 // of them run, SIGKILLs the worker that holds the most of them, and
 // returns how long each of its conversations waited from the kill to the
 // start of its next turn.
-func (b *bundle) killMidTurn(t *testing.T, workers []*proctest.Process, conversations []string, tag string) []time.Duration {
+func (b *bundle) killMidTurn(t testing.TB, workers []*proctest.Process, conversations []string, tag string) []time.Duration {
 	t.Helper()
 	return b.stopMidTurn(t, workers, conversations, tag, func(p *proctest.Process) time.Time {
 		killed := time.Now()
@@ -71,11 +71,11 @@ func (b *bundle) killMidTurn(t *testing.T, workers []*proctest.Process, conversa
 
 // stopMidTurn is killMidTurn with stop, which ends the worker and returns
 // the moment the delays count from.
-func (b *bundle) stopMidTurn(t *testing.T, workers []*proctest.Process, conversations []string, tag string, stop func(*proctest.Process) time.Time) []time.Duration {
+func (b *bundle) stopMidTurn(t testing.TB, workers []*proctest.Process, conversations []string, tag string, stop func(*proctest.Process) time.Time) []time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	for _, c := range conversations {
-		b.Send(c, c+"-"+tag, "a long one\n/sleep 40s")
+		b.Send(c, c+"-"+tag, "a long one\n/sleep 20s")
 	}
 	b.Eventually(30*time.Second, func() bool {
 		return b.Count(`SELECT count(*) FROM agent_runs r JOIN agent_outbox o ON o.id = ANY (r.outbox_ids)
@@ -178,5 +178,48 @@ func TestAWorkerStoppedMidTurnHandsItsTurnsBackAtOnce(t *testing.T) {
 	for _, d := range delays {
 		require.Less(t, d, DefaultShutdownTimeout+time.Second,
 			"each turn the stopped worker gave up when its 10s grace ended starts on the other worker within a second of that: %v", delays)
+	}
+}
+
+// BenchmarkKillToNextTurn measures, over b.N SIGKILLs of one of two real
+// workers with default settings, how long each conversation the killed
+// worker held waits from the kill to the start of its next turn: with the
+// worker's session (the default), and with the lease alone (--no-session,
+// the reference). Each kill's worker is started again before the next.
+// Run with -benchtime 20x; the reference takes the lease (30 s) per kill.
+func BenchmarkKillToNextTurn(b *testing.B) {
+	for _, mode := range []struct {
+		name  string
+		extra []string
+	}{{"session", nil}, {"lease_alone", []string{"--no-session"}}} {
+		b.Run(mode.name, func(b *testing.B) {
+			bb := setup(b)
+			bb.trustSessions(b)
+			workers := bb.workerProcesses(b, 2, mode.extra...)
+			var delays []time.Duration
+			for i := range b.N {
+				var convs []string
+				for j := range 4 {
+					c := fmt.Sprintf("k%d-c%d", i, j)
+					bb.Conversation(c)
+					convs = append(convs, c)
+				}
+				d := bb.killMidTurn(b, workers, convs, fmt.Sprintf("m%d", i))
+				delays = append(delays, d...)
+				// The killed worker comes back, as a supervisor would start it.
+				for k, w := range workers {
+					if w.Exited() {
+						workers[k] = bb.workerProcesses(b, 1, mode.extra...)[0]
+					}
+				}
+			}
+			slices.Sort(delays)
+			p := func(q float64) float64 { return delays[int(q*float64(len(delays)-1))].Seconds() * 1000 }
+			b.ReportMetric(p(0.5), "p50-ms")
+			b.ReportMetric(p(0.99), "p99-ms")
+			b.ReportMetric(float64(len(delays)), "conversations")
+			b.Logf("%s: %d kills, %d conversations, kill to next turn p50 %.0f ms, p99 %.0f ms, max %.0f ms",
+				mode.name, b.N, len(delays), p(0.5), p(0.99), delays[len(delays)-1].Seconds()*1000)
+		})
 	}
 }
