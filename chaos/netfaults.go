@@ -108,7 +108,7 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		return
 	}
 	r.note += fmt.Sprintf(" for %s, then healed", r.healed.Sub(r.at).Round(time.Millisecond))
-	if strings.HasPrefix(string(r.kind), "nats_") || node.name[:4] == "nats" {
+	if strings.HasPrefix(string(r.kind), "nats_") || strings.HasPrefix(node.name, "nats") {
 		if state, ok := s.waitStreamHealthy(ctx, 20*time.Second); !ok {
 			r.note += "; stream replicas not current within 20s: " + state
 		}
