@@ -22,7 +22,7 @@ deps:
 	@./scripts/install-deps.sh postgres
 
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus
+	@./scripts/install-deps.sh postgres chromium prometheus chaos
 
 test: test-deps
 	$(GO) vet $(PKGS)
@@ -63,6 +63,7 @@ bench: deps build
 # run. The binary is built without -race: a dozen processes share the CPUs.
 CHAOS_ARGS ?=
 chaos: deps build
+	@./scripts/install-deps.sh chaos
 	$(GO) run ./chaos/cmd/chaos --binary $(BIN) $(CHAOS_ARGS)
 
 clean:

@@ -109,6 +109,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	out("chaos: settled=%v after %s; judging\n", res.Settled, res.Settle.Round(time.Millisecond))
 
 	res.Faults = inj.injected()
+	for i, f := range res.Faults {
+		if f.healed.IsZero() {
+			continue
+		}
+		var next *time.Time
+		if err := sys.pool.QueryRow(ctx, `SELECT min(finished_at) FROM agent_runs WHERE status = 'finalized' AND finished_at > $1`, f.healed).Scan(&next); err == nil && next != nil {
+			res.Faults[i].healToTurn = next.Sub(f.healed)
+		}
+	}
 	res.Unexpected = sys.unexpectedExits()
 	v, err := judge(ctx, sys.pool, plan, cl, res.Faults)
 	if err != nil {

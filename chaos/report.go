@@ -59,6 +59,20 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	row("verdict", "%s", verdict)
 	tw.Flush()
+	var healed []string
+	for _, f := range r.Faults {
+		if f.healed.IsZero() {
+			continue
+		}
+		next := "no turn after it"
+		if f.healToTurn > 0 {
+			next = f.healToTurn.Round(time.Millisecond).String()
+		}
+		healed = append(healed, fmt.Sprintf("  %-22s %-8s %s; heal -> next turn %s", f.kind, f.target, firstLine(f.note), next))
+	}
+	if len(healed) > 0 {
+		fmt.Fprintf(w, "\nnetwork faults (heal -> next finalized turn):\n%s\n", strings.Join(healed, "\n"))
+	}
 	if len(r.Triggers.Examples) > 0 {
 		fmt.Fprintf(w, "\ntriggers in the stream that do not match the database (harmless to turns, see TriggerAudit):\n")
 		for _, e := range r.Triggers.Examples {

@@ -39,6 +39,15 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	if tid := span.SpanContext().TraceID(); span.SpanContext().HasTraceID() {
 		log = log.With().Str("trace_id", tid.String()).Logger()
 	}
+	session, ok := w.awaitSession(w.hardCtx, sessionClaimWait)
+	if !ok {
+		// Claimed now, the run would look like a gone worker's and be
+		// taken over at once: its triggers come back once the session
+		// may be held again.
+		log.Debug().Msg("worker session not held; delaying triggers")
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
 	_, claimSpan := telemetry.Tracer().Start(trace.ContextWithSpan(w.hardCtx, span), "claim")
 	// One statement claims a free conversation and loads the turn, with
 	// the claims of other conversations that are ready at the same time.
@@ -53,6 +62,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		Lease:          w.cfg.Lease,
 		MaxAttempts:    w.cfg.MaxAttempts,
 		MaxRows:        w.cfg.MaxTurnMessages,
+		Session:        session,
 	}
 	res := w.claims.do(p)
 	if errors.Is(res.Err, schema.ErrRunAlone) {
@@ -259,8 +269,32 @@ func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
 	return r
 }
 
+// sessionClaimWait is how long a claim waits for the worker's session to
+// be held again before its triggers are delayed.
+const sessionClaimWait = time.Second
+
+// awaitSession waits at most wait for the worker's session to be held and
+// returns its number (zero, at once, with NoSession); false when it was
+// not held in time.
+func (w *Worker) awaitSession(ctx context.Context, wait time.Duration) (int32, bool) {
+	if w.session == nil {
+		return 0, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return w.session.await(ctx)
+}
+
 // finalize commits the reply, then acks.
 func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+	if _, ok := w.awaitSession(ctx, commitTimeout); !ok {
+		// A worker that lost its session finalizes nothing until it holds
+		// it again: another may be taking its runs over meanwhile.
+		log.Error().Msg("finalize: the worker session was not held again within the commit deadline")
+		w.metrics.turnsFinished.WithLabelValues("error").Inc()
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
 	fctx, span := telemetry.Tracer().Start(ctx, "finalize")
 	out, err := commitFinalize(fctx, w, schema.Finalize{
 		ConversationID: claim.ConversationID,

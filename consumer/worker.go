@@ -41,6 +41,12 @@ const (
 	// NoDebounce commits every reply as soon as it is ready: rapid
 	// messages may get a reply each.
 	NoDebounce time.Duration = -1
+	// DefaultSessionCheckInterval is how often a worker looks for runs
+	// whose worker's session ended.
+	DefaultSessionCheckInterval = 500 * time.Millisecond
+	// NoSession turns the worker's session off (Config.SessionCheckInterval):
+	// its runs record none and are left to their leases.
+	NoSession time.Duration = -1
 )
 
 // Config configures a Worker.
@@ -115,6 +121,19 @@ type Config struct {
 	// RecoveryInterval is how often expired leases are looked for (also at
 	// start). Defaults to half the Lease.
 	RecoveryInterval time.Duration
+	// SessionCheckInterval is how often this worker looks for runs of
+	// gone workers and recovers them. Each worker holds a database session
+	// of its own, a lock on a connection outside the pool (see
+	// schema.TakeWorkerSession), for as long as it lives, and records it on
+	// the runs it claims: a worker that dies releases it at once, so its
+	// conversations are announced again within this interval, and a claim
+	// of one of them takes it over at once, instead of after the lease. A
+	// worker claims and finalizes only while it holds its session. The
+	// connection needs a direct session with the server: NoSession turns
+	// it off behind a pooler that hands a client's statements to any
+	// server session (PgBouncer's transaction mode), and leaves runs to
+	// their leases. Defaults to 500ms.
+	SessionCheckInterval time.Duration
 	// ShutdownTimeout is how long Run, once its context ends, lets running
 	// turns finish before it gives them up (back to pending and announced
 	// again, or failed visibly after a started write). Defaults to 10s.
@@ -191,6 +210,9 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.SessionCheckInterval == 0 {
+		c.SessionCheckInterval = DefaultSessionCheckInterval
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -229,6 +251,8 @@ func (c Config) Validate() error {
 		return setting.Errorf("RecoveryInterval", c.RecoveryInterval, "must be positive")
 	case c.ShutdownTimeout <= 0:
 		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
+	case c.SessionCheckInterval <= 0 && c.SessionCheckInterval != NoSession:
+		return setting.Errorf("SessionCheckInterval", c.SessionCheckInterval, "must be positive, or NoSession to leave runs to their leases")
 	case c.Consumer.AckWait <= c.Lease/3:
 		// A turn signals progress once per renewal, every third of the
 		// lease: an ack wait shorter than that redelivers running turns.
@@ -252,6 +276,8 @@ type Worker struct {
 	log     zerolog.Logger
 	metrics *metrics
 	crash   *crasher
+	// session is the worker's database session; nil with NoSession.
+	session *session
 
 	// slots bounds running turns.
 	slots chan struct{}
@@ -289,12 +315,16 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("consumer: register metrics: %w", err)
 	}
 	crash, _ := parseCrash(cfg.CrashAt)
-	return &Worker{
+	w := &Worker{
 		cfg:     cfg,
 		log:     cfg.Logger.With().Str("worker", cfg.Name).Logger(),
 		metrics: m,
 		crash:   crash,
-	}, nil
+	}
+	if cfg.SessionCheckInterval != NoSession {
+		w.session = newSession(cfg.Pool, w.log, m.sessionHeld)
+	}
+	return w, nil
 }
 
 // Run consumes triggers until ctx ends, then shuts down: it stops fetching,
@@ -313,6 +343,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
+	}
+	// The session outlives the turns: it is released once every turn is
+	// over, so that nothing this worker still runs looks gone meanwhile.
+	var sessionDone sync.WaitGroup
+	sessionCtx, stopSession := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopSession()
+		sessionDone.Wait()
+	}()
+	if w.session != nil {
+		sessionDone.Go(func() { w.session.run(sessionCtx) })
 	}
 	// Leases left by workers that died while this one was down.
 	if err := w.recoverExpired(ctx); err != nil && ctx.Err() == nil {
@@ -345,6 +386,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var loops sync.WaitGroup
 	loops.Go(func() { w.recoveryLoop(ctx) })
+	if w.session != nil {
+		loops.Go(func() { w.orphanLoop(ctx) })
+	}
 	w.log.Info().Str("stream", w.cfg.Stream.Name).Str("consumer", w.cfg.Consumer.Name).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	runErr := loop.Run(ctx, w.dispatch)
 

@@ -81,6 +81,11 @@ type ClaimParams struct {
 	// MaxRows caps the rows of one turn, oldest first; the rest stay
 	// pending for the next turn (Claim.More). Zero means no cap.
 	MaxRows int
+	// Session is the worker's session (see TakeWorkerSession), recorded
+	// on the run: while the worker lives its session's lock is held, and
+	// once the lock is free the run may be taken over before its lease
+	// expires. Zero records none: the run is left to its lease.
+	Session int32
 }
 
 // Claim is the outcome of ClaimTx.
@@ -168,11 +173,14 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	// would let two workers take the same rows.
 	var owner *string
 	var expires, notBefore *time.Time
-	var expired, waiting bool
+	var expired, gone, waiting bool
 	err := tx.QueryRow(ctx, `
 		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false),
 			not_before, COALESCE(not_before > now(), false)
 		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting)
+	if err == nil && owner != nil && !expired {
+		gone, err = runSessionGone(ctx, tx, *owner)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Claim{}, ErrConversationDeleted
 	}
@@ -181,10 +189,14 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	}
 	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
 	if owner != nil {
-		if !expired {
+		reason := RecoveryReasonLeaseExpired
+		switch {
+		case gone:
+			reason = RecoveryReasonSessionEnded
+		case !expired:
 			return Claim{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
 		}
-		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, RecoveryReasonLeaseExpired)
+		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, reason)
 		if err != nil {
 			return Claim{}, err
 		}
@@ -243,10 +255,10 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
 			WHERE id = $1
 			RETURNING lease_expires_at)
-		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
-		SELECT $2, $1, $4, $5, $6, clock_timestamp(), lease_expires_at FROM lease
+		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
+		SELECT $2, $1, $4, $5, $6, nullif($7::integer, 0), clock_timestamp(), lease_expires_at FROM lease
 		RETURNING lease_expires_at`,
-		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker).Scan(&c.LeaseExpiresAt)
+		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker, p.Session).Scan(&c.LeaseExpiresAt)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim: take lease and record run: %w", err)
 	}

@@ -39,10 +39,11 @@ type Beginner interface {
 // took is never taken twice; the turn CTE alone would not see that.
 const claimSQL = `
 WITH req AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[]) WITH ORDINALITY
-		AS r(conversation_id, run_id, lease_secs, max_rows, worker, ord)),
+	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[], $7::integer[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, lease_secs, max_rows, worker, session, ord)),
 conv AS (
-	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
+	SELECT c.id, c.run_id, c.lease_expires_at,
+		coalesce(c.lease_expires_at <= now(), false) OR (c.run_id IS NOT NULL AND baton_run_session_gone(c.run_id)) AS expired,
 		c.not_before, coalesce(c.not_before > now(), false) AS waiting
 	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
 free AS (
@@ -71,8 +72,8 @@ lease AS (
 	WHERE c.id = agg.conversation_id
 	RETURNING c.id, c.lease_expires_at),
 run AS (
-	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
-	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, clock_timestamp(), lease.lease_expires_at
+	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
+	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, nullif(r.session, 0), clock_timestamp(), lease.lease_expires_at
 	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id JOIN lease ON lease.id = agg.conversation_id
 	RETURNING conversation_id, lease_expires_at)
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id), conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
@@ -250,11 +251,13 @@ type claimRow struct {
 func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int, skipLocked bool) ([]claimRow, error) {
 	n := len(which)
 	convs, runs, workers := make([]string, n), make([]string, n), make([]string, n)
+	sessions := make([]int32, n)
 	leases := make([]float64, n)
 	limits := make([]int64, n)
 	for k, i := range which {
 		p := ps[i]
 		convs[k], runs[k], workers[k], leases[k] = p.ConversationID, p.RunID, p.Worker, p.Lease.Seconds()
+		sessions[k] = p.Session
 		limits[k] = int64(p.MaxRows)
 		if limits[k] <= 0 {
 			limits[k] = -1
@@ -264,7 +267,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 	if skipLocked {
 		query = claimNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0))
+	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0), sessions)
 	if err != nil {
 		return nil, err
 	}

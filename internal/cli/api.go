@@ -81,7 +81,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	}
 	log := env.Log.With().Str("component", "api").Logger()
 	defer startTracing(ctx, "api", log)()
-	pool, err := openPool(ctx, c.Database)
+	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
 		return err
 	}

@@ -70,6 +70,7 @@ func vars() map[string]string {
 		"stream_recheck":       api.DefaultStreamRecheck.String(),
 		"max_turn_messages":    fmt.Sprint(consumer.DefaultMaxTurnMessages),
 		"turn_timeout":         consumer.DefaultTurnTimeout.String(),
+		"session_check":        consumer.DefaultSessionCheckInterval.String(),
 		"stall_after":          status.DefaultStallAfter.String(),
 		"lease_grace":          status.DefaultLeaseGrace.String(),
 		"outbox_retention":     schema.DefaultOutboxRetention.String(),

@@ -30,6 +30,8 @@ type workerCmd struct {
 	Concurrency     int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
 	MaxTurnMessages int             `name:"max-turn-messages" env:"BATON_MAX_TURN_MESSAGES" setting:"MaxTurnMessages" help:"Pending messages one turn answers at most, oldest first; the rest are the next turns'. Defaults to ${max_turn_messages}."`
 	TurnTimeout     time.Duration   `name:"turn-timeout" env:"BATON_TURN_TIMEOUT" setting:"TurnTimeout" help:"Wall-clock deadline of a turn; past it the attempt fails and is retried, then shown as failed. Defaults to ${turn_timeout}."`
+	SessionCheck    time.Duration   `name:"session-check-interval" env:"BATON_SESSION_CHECK_INTERVAL" setting:"SessionCheckInterval" help:"How often this worker looks for runs of workers whose database session ended, and recovers them. Defaults to ${session_check}."`
+	Session         bool            `name:"session" env:"BATON_SESSION" default:"true" negatable:"" help:"Hold a database session that tells other workers this one is alive, so that the turns of a worker that dies are taken over at once instead of after the lease; --no-session behind a pooler in transaction mode, which cannot keep a session."`
 	MetricsAddr     string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags      `embed:""`
 	echoFlags       `embed:""`
@@ -94,6 +96,10 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		Logger:          &log,
 		Registerer:      reg,
 	}
+	cfg.SessionCheckInterval = c.SessionCheck
+	if !c.Session {
+		cfg.SessionCheckInterval = consumer.NoSession
+	}
 	var agentCfg *agent.Config
 	if c.Agent == "openai" {
 		tools, err := agent.Builtins{HTTPGetAllow: c.ToolHTTPGetAllow, WebhookURL: c.ToolWebhookURL}.Registry()
@@ -120,7 +126,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return settingError(c, err)
 	}
 
-	pool, err := openPoolSized(ctx, c.Database, workerPoolConns(cfg.WithDefaults().Concurrency))
+	pool, err := openServicePool(ctx, c.Database, workerPoolConns(cfg.WithDefaults().Concurrency), log)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,268 @@
+package chaos
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// network is the run's own network, made of Linux network namespaces:
+// every NATS node, relay, worker and the API runs in a namespace of its
+// own, with one address, joined to a bridge by a link (a veth pair) that
+// the harness controls. The bridge lives in a namespace of its own too
+// (the hub), which one more link joins to the harness's namespace, where
+// PostgreSQL runs and the harness drives the load. Nothing is routed out:
+// the addresses come from 198.18.0.0/15, the range set aside for
+// benchmark networks, and the bridge has no uplink.
+//
+// Deleting a namespace deletes its end of every link, and a link goes with
+// either end, so close, which deletes every namespace the run made, leaves
+// nothing behind. A run that was killed before it could close is cleaned
+// up by the next one: every namespace's name carries the process id of
+// the harness that made it.
+type network struct {
+	// id names the run's namespaces (baton-chaos-<pid>-...).
+	id     string
+	subnet int // the third byte of 198.18.<subnet>.0/24
+	// hostIf is the harness's end of its link to the hub.
+	hostIf string
+
+	mu    sync.Mutex
+	nodes []*netNode
+	made  []string // namespaces made, hub first
+	next  int      // last host byte handed out
+}
+
+// netNode is one process's namespace and its link to the bridge.
+type netNode struct {
+	name string // the process's name, such as worker1
+	ns   string
+	ip   string
+	// link is the hub's end of the node's link, on the bridge.
+	link string
+}
+
+const netnsPrefix = "baton-chaos-"
+
+// errNotRoot is why a harness that is not root cannot run.
+var errNotRoot = errors.New("the kill test needs root: it runs every process in a network namespace of its own (ip netns) to cut, slow and drop their links; run it as root")
+
+// newNetwork makes the hub and the harness's link to it. It fails, saying
+// what is missing, when the harness is not root or lacks ip or nft.
+func newNetwork() (*network, error) {
+	if os.Geteuid() != 0 {
+		return nil, errNotRoot
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("the kill test needs %s to make and cut its network (install it: scripts/install-deps.sh chaos): %w", tool, err)
+		}
+	}
+	cleanStaleNamespaces()
+	pid := os.Getpid()
+	n := &network{id: fmt.Sprintf("%s%d", netnsPrefix, pid), hostIf: fmt.Sprintf("bc%d", pid)}
+	// A subnet no other run on this machine uses now.
+	used := map[int]bool{}
+	if out, err := exec.Command("ip", "-o", "-4", "addr", "show").Output(); err == nil {
+		for _, f := range strings.Fields(string(out)) {
+			if s, ok := strings.CutPrefix(f, "198.18."); ok {
+				if b, _, ok := strings.Cut(s, "."); ok {
+					v, _ := strconv.Atoi(b)
+					used[v] = true
+				}
+			}
+		}
+	}
+	n.subnet = -1
+	for i := range 250 {
+		if c := (pid + i) % 250; !used[c] {
+			n.subnet = c
+			break
+		}
+	}
+	if n.subnet < 0 {
+		return nil, errors.New("no free subnet in 198.18.0.0/16 for the run's network")
+	}
+	hub := n.id + "-hub"
+	steps := [][]string{
+		{"netns", "add", hub},
+		{"-n", hub, "link", "add", "br0", "type", "bridge"},
+		{"-n", hub, "link", "set", "br0", "up"},
+		{"-n", hub, "link", "set", "lo", "up"},
+		{"link", "add", n.hostIf, "type", "veth", "peer", "name", "host", "netns", hub},
+		{"-n", hub, "link", "set", "host", "master", "br0", "up"},
+		{"addr", "add", n.hostIP() + "/24", "dev", n.hostIf},
+		{"link", "set", n.hostIf, "up"},
+	}
+	n.made = append(n.made, hub)
+	for _, s := range steps {
+		if err := ipCmd(s...); err != nil {
+			n.close()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// hostIP is the harness's address, where PostgreSQL listens for the
+// processes.
+func (n *network) hostIP() string { return fmt.Sprintf("198.18.%d.1", n.subnet) }
+
+// cidr is the run's subnet.
+func (n *network) cidr() string { return fmt.Sprintf("198.18.%d.0/24", n.subnet) }
+
+// add makes a namespace for the process name, with its link to the bridge.
+func (n *network) add(name string) (*netNode, error) {
+	n.mu.Lock()
+	n.next++
+	i := n.next
+	n.mu.Unlock()
+	node := &netNode{name: name, ns: n.id + "-" + name, ip: fmt.Sprintf("198.18.%d.%d", n.subnet, 10+i), link: fmt.Sprintf("n%d", i)}
+	hub := n.id + "-hub"
+	n.mu.Lock()
+	n.made = append(n.made, node.ns)
+	n.mu.Unlock()
+	for _, s := range [][]string{
+		{"netns", "add", node.ns},
+		{"-n", node.ns, "link", "set", "lo", "up"},
+		{"-n", hub, "link", "add", node.link, "type", "veth", "peer", "name", "eth0", "netns", node.ns},
+		{"-n", hub, "link", "set", node.link, "master", "br0", "up"},
+		{"-n", node.ns, "addr", "add", node.ip + "/24", "dev", "eth0"},
+		{"-n", node.ns, "link", "set", "eth0", "up"},
+	} {
+		if err := ipCmd(s...); err != nil {
+			return nil, fmt.Errorf("namespace of %s: %w", name, err)
+		}
+	}
+	n.mu.Lock()
+	n.nodes = append(n.nodes, node)
+	n.mu.Unlock()
+	return node, nil
+}
+
+// command runs bin with args in the node's namespace: ip netns exec
+// execs the program, so the process is bin itself, with its own pid.
+func (node *netNode) command(bin string, args ...string) (string, []string) {
+	return "ip", append([]string{"netns", "exec", node.ns, bin}, args...)
+}
+
+// setLink takes the node's link down or up: with it down, nothing reaches
+// the node or leaves it, and its connections see silence, not a refusal.
+func (n *network) setLink(node *netNode, up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	return ipCmd("-n", n.id+"-hub", "link", "set", node.link, state)
+}
+
+// filter replaces the node's packet filter (nftables, in the node's
+// namespace) with rules, each an nft rule of the input or output chain
+// ("in ..." or "out ..."); no rules heals it.
+func (node *netNode) filter(rules ...string) error {
+	var b strings.Builder
+	b.WriteString("table inet chaos\ndelete table inet chaos\n")
+	if len(rules) > 0 {
+		b.WriteString("table inet chaos {\n")
+		b.WriteString("  chain in { type filter hook input priority 0; policy accept;\n")
+		for _, r := range rules {
+			if s, ok := strings.CutPrefix(r, "in "); ok {
+				b.WriteString("    " + s + "\n")
+			}
+		}
+		b.WriteString("  }\n  chain out { type filter hook output priority 0; policy accept;\n")
+		for _, r := range rules {
+			if s, ok := strings.CutPrefix(r, "out "); ok {
+				b.WriteString("    " + s + "\n")
+			}
+		}
+		b.WriteString("  }\n}\n")
+	}
+	cmd := exec.Command("ip", "netns", "exec", node.ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft in %s: %w: %s", node.ns, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// cutFrom drops every packet between the node and the addresses, on the
+// ports given (every port when none), both ways.
+func cutFrom(ips []string, ports ...int) []string {
+	set := "{ " + strings.Join(ips, ", ") + " }"
+	if len(ports) == 0 {
+		return []string{"in ip saddr " + set + " drop", "out ip daddr " + set + " drop"}
+	}
+	ps := make([]string, len(ports))
+	for i, p := range ports {
+		ps[i] = strconv.Itoa(p)
+	}
+	pset := "{ " + strings.Join(ps, ", ") + " }"
+	return []string{"in ip saddr " + set + " tcp sport " + pset + " drop", "out ip daddr " + set + " tcp dport " + pset + " drop"}
+}
+
+// loss drops percent of the packets in the given direction ("in", "out"
+// or both).
+func loss(percent int, directions ...string) []string {
+	var out []string
+	for _, d := range directions {
+		out = append(out, fmt.Sprintf("%s numgen random mod 100 < %d drop", d, percent))
+	}
+	return out
+}
+
+// close deletes every namespace the run made, and with them every link.
+func (n *network) close() {
+	n.mu.Lock()
+	made := n.made
+	n.made = nil
+	n.mu.Unlock()
+	for i := len(made) - 1; i >= 0; i-- {
+		_ = ipCmd("netns", "delete", made[i])
+	}
+	// The harness's end goes with the hub's; this only reports a leftover.
+	_ = exec.Command("ip", "link", "delete", n.hostIf).Run()
+}
+
+// cleanStaleNamespaces deletes the namespaces of runs whose harness is
+// gone (killed before it could clean up).
+func cleanStaleNamespaces() {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		rest, ok := strings.CutPrefix(name, netnsPrefix)
+		if !ok {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || processAlive(pid) {
+			continue
+		}
+		_ = ipCmd("netns", "delete", name)
+		if strings.HasSuffix(name, "-hub") {
+			_ = exec.Command("ip", "link", "delete", fmt.Sprintf("bc%d", pid)).Run()
+		}
+	}
+}
+
+func processAlive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+func ipCmd(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
