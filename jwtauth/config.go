@@ -156,11 +156,11 @@ func (c Config) Validate() error {
 		return nil
 	}
 	if c.Issuer != "" {
-		if err := c.checkURL("Issuer", c.Issuer); err != nil {
-			return err
-		}
 		if strings.Contains(c.Issuer, "|") {
 			return setting.Errorf("Issuer", c.Issuer, `must not contain "|": a user is named "<issuer>|<subject>"`)
+		}
+		if err := c.checkURL("Issuer", c.Issuer); err != nil {
+			return err
 		}
 	}
 	if c.JWKSURL != "" {
