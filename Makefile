@@ -16,13 +16,19 @@ build:
 
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
-# page tests) and promtool (for the tests of the alert rules and the
-# dashboard). Nothing else is fetched.
+# page tests), promtool (for the tests of the alert rules and the
+# dashboard) and Node.js (for the OpenID Connect provider of the sign-in
+# tests, whose npm packages test-deps installs).
 deps:
 	@./scripts/install-deps.sh postgres
 
+# The sign-in tests run a real OpenID Connect provider (oidc-provider, by
+# Node) whose packages npm installs from the lockfile beside it.
+OIDC_PROVIDER := internal/oidctest/provider
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus
+	@./scripts/install-deps.sh postgres chromium prometheus node
+	@[ $(OIDC_PROVIDER)/node_modules/.package-lock.json -nt $(OIDC_PROVIDER)/package-lock.json ] || \
+		(cd $(OIDC_PROVIDER) && npm ci --no-audit --no-fund --loglevel=error)
 
 test: test-deps
 	$(GO) vet $(PKGS)
