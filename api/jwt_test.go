@@ -296,3 +296,32 @@ func TestTheSameSubjectFromTwoIssuersIsTwoUsersWhoNeverMeet(t *testing.T) {
 	r = b.do(t, tokens["provider"], "GET", convPath("demo"), nil)
 	require.Equal(t, http.StatusOK, r.Status, "the backend's user deleted their own demo, not the provider's user's")
 }
+
+// TestAJWTUserHasEveryQuotaOfAUser: a backend's HS256 user past the
+// conversations quota and the message burst gets 429 like any user, and
+// another JWT user of the same backend is not held back by it.
+func TestAJWTUserHasEveryQuotaOfAUser(t *testing.T) {
+	t.Parallel()
+	db := testenv.Database(t)
+	secret := []byte(strings.Repeat("q", 32))
+	srv, err := api.New(api.Config{Pool: db.Pool, MessageBurst: 1, MessagesPerMinute: 1, Quotas: api.Quotas{MaxConversations: 1},
+		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	b := &bundle{pool: db.Pool, srv: hs, client: hs.Client()}
+	token := func(sub string) string {
+		return oidctest.HS256(t, secret, oidctest.Claims(hs256Issuer, sub, jwtAudience, time.Minute))
+	}
+	ada, bob := token("ada"), token("bob")
+	b.createConversation(t, ada, "one")
+	r := b.do(t, ada, "POST", "/v1/conversations", map[string]any{"id": "two"})
+	require.Equal(t, http.StatusTooManyRequests, r.Status, "past --max-conversations: %s", r.Raw)
+	r = b.do(t, ada, "POST", convPath("one", "/messages"), map[string]any{"id": "m1", "content": "a"})
+	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+	r = b.do(t, ada, "POST", convPath("one", "/messages"), map[string]any{"id": "m2", "content": "b"})
+	require.Equal(t, http.StatusTooManyRequests, r.Status, "past --message-burst: %s", r.Raw)
+	b.createConversation(t, bob, "one")
+	r = b.do(t, bob, "POST", convPath("one", "/messages"), map[string]any{"id": "m1", "content": "a"})
+	require.Equal(t, http.StatusAccepted, r.Status, "another JWT user posts as before: %s", r.Raw)
+}
