@@ -325,3 +325,34 @@ func TestAJWTUserHasEveryQuotaOfAUser(t *testing.T) {
 	r = b.do(t, bob, "POST", convPath("one", "/messages"), map[string]any{"id": "m1", "content": "a"})
 	require.Equal(t, http.StatusAccepted, r.Status, "another JWT user posts as before: %s", r.Raw)
 }
+
+// TestAJWTEventStreamOutlivesItsRechecksAndEndsAtItsExpiry: a JWT has no
+// token row; an event stream opened with one is not taken for revoked at
+// its rechecks (every 100ms here), and ends with token_expired at the
+// token's exp.
+func TestAJWTEventStreamOutlivesItsRechecksAndEndsAtItsExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
+	require.NoError(t, err)
+	secret := []byte(strings.Repeat("e", 32))
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond,
+		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+	b := &bundle{pool: db.Pool, srv: hs, client: hs.Client()}
+	lifetime := 3 * time.Second
+	token := oidctest.HS256(t, secret, oidctest.Claims(hs256Issuer, "ada", jwtAudience, lifetime))
+	b.createConversation(t, token, "demo")
+	s := openSSE(t, hs.URL+convPath("demo", "/events"), token, "")
+	defer s.close()
+	require.Equal(t, "ready", s.next(t).Event)
+	end := s.next(t)
+	require.Equal(t, "end", end.Event)
+	require.JSONEq(t, `{"reason":"token_expired"}`, end.Data, "the stream ends at the JWT's exp, not at a recheck")
+}
