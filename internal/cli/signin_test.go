@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/oidctest"
+	"github.com/batonhq/baton/internal/proctest"
 	"github.com/batonhq/baton/internal/testenv"
 )
 
@@ -81,18 +83,23 @@ func TestAPILogsItsSignInAndStatusShowsItWithoutASecret(t *testing.T) {
 	secret := strings.Repeat("backend-secret-", 4)
 	signIn := []string{"--jwt-issuer", ks.Issuer, "--jwt-audience", "https://api.baton.test", "--jwt-allow-http",
 		"--jwt-hs256-secret-file", secretFile(t, secret), "--jwt-hs256-issuer", "https://app.example/"}
+	// A process of its own: `baton api` registers its metrics with the
+	// process's default registry, once per process.
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	stop := start(t, append([]string{"api", "--database-url", db.URL, "--nats-url", n.URL, "--http-addr", addr,
-		"--cors-origins", "https://app.example"}, signIn...)...)
-	waitHTTP(t, "http://"+addr+"/healthz")
+	cmd := exec.Command(testenv.BatonBinary(t), append([]string{"--log-format", "json", "api", "--database-url", db.URL, "--nats-url", n.URL,
+		"--http-addr", addr, "--cors-origins", "https://app.example"}, signIn...)...)
+	api, err := proctest.Start("baton api", cmd, proctest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { api.Stop(10 * time.Second) })
+	api.WaitLine(t, 60*time.Second, `"serving HTTP API"`)
 	provider := key.Sign(t, oidctest.Claims(ks.Issuer, "user-1", "https://api.baton.test", time.Minute))
 	backend := oidctest.HS256(t, []byte(secret), oidctest.Claims("https://app.example/", "user-1", "https://api.baton.test", time.Minute))
 	for _, token := range []string{provider, backend} {
 		code, body := call(t, "POST", "http://"+addr+"/v1/conversations", token, `{"id":"demo"}`)
 		require.Equal(t, http.StatusCreated, code, "%v", body)
 	}
-	code, stderr := stop()
-	require.Equal(t, 0, code, stderr)
+	api.Stop(10 * time.Second)
+	stderr := api.Text("stderr")
 	var line map[string]any
 	for _, l := range strings.Split(stderr, "\n") {
 		if strings.Contains(l, `"sign-in: Baton tokens and JWTs"`) {
@@ -140,3 +147,4 @@ func TestAPILogsItsSignInAndStatusShowsItWithoutASecret(t *testing.T) {
 		}
 	}
 }
+
