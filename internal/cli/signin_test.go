@@ -147,4 +147,3 @@ func TestAPILogsItsSignInAndStatusShowsItWithoutASecret(t *testing.T) {
 		}
 	}
 }
-
