@@ -16,13 +16,22 @@ build:
 
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
-# page tests) and promtool (for the tests of the alert rules and the
-# dashboard). Nothing else is fetched.
+# page tests), promtool (for the tests of the alert rules and the
+# dashboard) and Node.js (for the OpenID Connect provider of the sign-in
+# tests, whose npm packages test-deps installs).
 deps:
 	@./scripts/install-deps.sh postgres
 
+# Folders whose npm packages the tests use (real clients and servers, the
+# example apps), installed from the lockfile beside each, again only when
+# the lockfile changed.
+NPM_DIRS := internal/oidctest/provider
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus chaos
+	@./scripts/install-deps.sh postgres chromium prometheus chaos node
+	@for d in $(NPM_DIRS); do \
+		[ $$d/node_modules/.package-lock.json -nt $$d/package-lock.json ] || \
+		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
+	done
 
 test: test-deps
 	$(GO) vet $(PKGS)

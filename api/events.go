@@ -280,15 +280,19 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			end(endExpired)
 			return
 		case <-recheck.C:
-			if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
-				// An inactive token is revoked or past its expiry; the
-				// recheck may come before the expiry timer fires.
-				if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
-					end(endExpired)
-				} else {
-					end(endRevoked)
+			// A JWT has no token row to check (TokenID 0): its stream
+			// ends at its expiry.
+			if user.TokenID != 0 {
+				if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
+					// An inactive token is revoked or past its expiry;
+					// the recheck may come before the expiry timer fires.
+					if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
+						end(endExpired)
+					} else {
+						end(endRevoked)
+					}
+					return
 				}
-				return
 			}
 			// The deleted event may have been lost (it is published after
 			// the commit); the database says for sure.

@@ -44,7 +44,9 @@ func openSSE(t *testing.T, url, token, lastID string) *sseStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/internal/setting"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -86,6 +87,16 @@ type Config struct {
 	// MaxStreams is how many live event streams the process holds open;
 	// more get 503. Defaults to 10000.
 	MaxStreams int
+	// JWT accepts JSON Web Tokens of the application's own sign-in beside
+	// Baton's tokens, wherever those are accepted: an OpenID Connect
+	// provider's and a backend's HS256 tokens. Their user is
+	// "<iss>|<user claim>", made on the first valid token. Defaults to
+	// none: Baton's tokens only.
+	JWT jwtauth.Config
+	// CORSOrigins are the origins (scheme://host[:port], exactly as
+	// browsers send them, no wildcard) whose pages may call every /v1
+	// route from the browser. Defaults to none: no cross-origin access.
+	CORSOrigins []string
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -155,7 +166,10 @@ func (c Config) Validate() error {
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
 	}
-	return nil
+	if err := c.JWT.WithDefaults().Validate(); err != nil {
+		return setting.Within("JWT", err)
+	}
+	return validateCORSOrigins(c.CORSOrigins)
 }
 
 // Server serves the API.
@@ -169,6 +183,8 @@ type Server struct {
 
 	messages *messageLimiter
 	streams  *streamLimiter
+	// jwt verifies JWTs; nil when none is accepted.
+	jwt *jwtauth.Verifier
 
 	eventsCfg batonnats.EventsConfig
 	events    *batonnats.EventPublisher
@@ -194,12 +210,15 @@ func New(cfg Config) (*Server, error) {
 		eventsCfg: cfg.Events, closing: make(chan struct{}),
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
+	if s.jwt, err = jwtauth.New(cfg.JWT); err != nil {
+		return nil, setting.Within("JWT", err)
+	}
 	if cfg.JetStream != nil {
 		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log, m.dropped.WithLabelValues(dropSlowClient))
 		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
 	}
 	s.routes()
-	s.handler = s.limitRequest(s.mux)
+	s.handler = s.cors(s.limitRequest(s.mux))
 	return s, nil
 }
 
@@ -267,6 +286,9 @@ func (s *Server) Close() {
 		}
 	})
 }
+
+// JWT returns the verifier of JWTs, or nil when none is accepted.
+func (s *Server) JWT() *jwtauth.Verifier { return s.jwt }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

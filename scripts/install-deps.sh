@@ -9,6 +9,8 @@
 #             alerts' tests; the server it also ships is not started
 #   chaos     nft (package nftables), with which the kill test cuts and
 #             drops the links of its network namespaces
+#   node      Node.js and npm (packages nodejs, npm), which run the
+#             example apps and the real clients and servers some tests use
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -22,6 +24,9 @@ have_promtool() {
 have_nft() {
   command -v nft >/dev/null 2>&1
 }
+have_node() {
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+}
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
 }
@@ -33,7 +38,8 @@ for want in "${@:-postgres}"; do
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
     chaos) have_nft || missing+=(nftables) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos)" >&2; exit 2 ;;
+    node) have_node || missing+=(nodejs npm) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0

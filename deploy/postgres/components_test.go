@@ -63,6 +63,11 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	active, err := schema.TokenActive(ctx, api, user.TokenID)
 	require.NoError(t, err)
 	require.True(t, active)
+	jwtUser, err := schema.EnsureUser(ctx, api, "https://tenant.example.com/|auth0|64f1c2")
+	require.NoError(t, err, "EnsureUser (a JWT's user, made on first sight) as baton_api")
+	again, err := schema.EnsureUser(ctx, api, "https://tenant.example.com/|auth0|64f1c2")
+	require.NoError(t, err, "EnsureUser of an existing user as baton_api")
+	require.Equal(t, jwtUser.ID, again.ID)
 	var conv schema.Conversation
 	inTx(t, api, "create a conversation as baton_api", func(tx pgx.Tx) error {
 		if err := schema.CheckConversationQuotaTx(ctx, tx, user.ID, 10); err != nil {

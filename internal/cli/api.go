@@ -22,6 +22,8 @@ type httpOptions struct {
 	MaxContentBytes int    `name:"max-content-bytes" env:"BATON_MAX_CONTENT_BYTES" help:"Largest message content accepted, in bytes (larger gets 413)." default:"65536"`
 	quotaFlags      `embed:""`
 	limitFlags      `embed:""`
+	jwtFlags        `embed:""`
+	CORSOrigins     []string `name:"cors-origins" env:"BATON_CORS_ORIGINS" sep:"," setting:"CORSOrigins" placeholder:"ORIGIN" help:"Origins whose pages may call the API from the browser, exactly (https://app.example), comma-separated; no wildcard. Default: none, no cross-origin access."`
 }
 
 // limitFlags are the HTTP edge's limits, shared by `baton api` and `baton
@@ -80,6 +82,18 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	log := env.Log.With().Str("component", "api").Logger()
+	// Checked before anything connects: a sign-in setting that cannot
+	// work is a usage error.
+	cfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
+		MaxContentBytes: c.MaxContentBytes,
+		Quotas:          c.apiQuotas(),
+		StreamRecheck:   c.StreamRecheck,
+		Log:             log,
+		Registerer:      prometheus.DefaultRegisterer,
+	}), log)
+	if err != nil {
+		return err
+	}
 	defer startTracing(ctx, "api", log)()
 	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
@@ -97,20 +111,12 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	}
 	defer closeNATS()
 	registerNATSConnected(prometheus.DefaultRegisterer, nc)
-	srv, err := api.New(c.withLimits(api.Config{
-		JetStream:       js,
-		NATS:            nc,
-		Events:          batonnats.EventsConfig{Replicas: c.Replicas},
-		Pool:            pool,
-		MaxContentBytes: c.MaxContentBytes,
-		Quotas:          c.apiQuotas(),
-		StreamRecheck:   c.StreamRecheck,
-		Log:             log,
-		Registerer:      prometheus.DefaultRegisterer,
-	}))
+	cfg.JetStream, cfg.NATS, cfg.Events, cfg.Pool = js, nc, batonnats.EventsConfig{Replicas: c.Replicas}, pool
+	srv, err := api.New(cfg)
 	if err != nil {
 		return err
 	}
+	logSignIn(ctx, srv, c.CORSOrigins, log)
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, prometheus.DefaultGatherer, log)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/status"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
@@ -80,5 +81,6 @@ func vars() map[string]string {
 		"prune_batch":          fmt.Sprint(schema.DefaultPruneBatch),
 		"prune_pass_time":      schema.DefaultPrunePassTime.String(),
 		"prune_every":          DefaultPruneEvery.String(),
+		"jwt_user_claim":       jwtauth.DefaultUserClaim,
 	}
 }

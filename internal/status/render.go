@@ -132,6 +132,26 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
+	if si := r.SignIn; si != nil {
+		p("SIGN-IN\tISSUER\tAUDIENCE\tKEYS\tUSER\n")
+		p("baton tokens\t-\t-\t-\t<name>\n")
+		if j := si.JWT; j != nil {
+			if j.Issuer != "" {
+				keys := fmt.Sprintf("%d from %s", j.Keys, j.JWKSURL)
+				if j.Error != "" {
+					keys = "none fetched (" + j.KeySource + ")"
+				} else if j.KeySource != j.JWKSURL {
+					keys += " (" + j.KeySource + ")"
+				}
+				p("JWT\t%s\t%s\t%s\t<iss>|<%s>\n", j.Issuer, j.Audience, keys, j.UserClaim)
+			}
+			if j.HS256Issuer != "" {
+				p("JWT HS256\t%s\t%s\tthe shared secret\t<iss>|<%s>\n", j.HS256Issuer, j.Audience, j.UserClaim)
+			}
+		}
+		p("\n")
+	}
+
 	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
 	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {

@@ -79,6 +79,8 @@ type Report struct {
 	// Tables are the sizes and oldest rows of the tables that grow with
 	// use; retention (`baton prune`) keeps four of them in check.
 	Tables []schema.TableStat `json:"tables"`
+	// SignIn is which tokens the API accepts; nil when not asked.
+	SignIn *SignIn `json:"sign_in,omitempty"`
 }
 
 // Database is the PostgreSQL server the report was read from: the
@@ -637,5 +639,47 @@ func (r *Report) gatherTables(ctx context.Context, db schema.Executor) {
 		r.Errors["tables"] = err.Error()
 	default:
 		r.Tables = stats
+	}
+}
+
+// SignIn is what the API accepts as a user's token, as the settings given
+// to status say (the same BATON_JWT_* variables as the API's). It never
+// holds a secret.
+type SignIn struct {
+	// BatonTokens is always true: tokens of `baton token create` work
+	// beside any JWT.
+	BatonTokens bool `json:"baton_tokens"`
+	// JWT is nil when no JWT is accepted.
+	JWT *JWTSignIn `json:"jwt,omitempty"`
+}
+
+// JWTSignIn is whose JWTs are accepted and where the keys come from.
+type JWTSignIn struct {
+	// Issuer is the OpenID Connect issuer; empty when only HS256 tokens
+	// are accepted.
+	Issuer   string `json:"issuer,omitempty"`
+	Audience string `json:"audience"`
+	// UserClaim names the user after the issuer.
+	UserClaim string `json:"user_claim"`
+	// KeySource is the JWKS URL given, or "discovery: <URL>".
+	KeySource string `json:"key_source,omitempty"`
+	// JWKSURL is where the keys were fetched from.
+	JWKSURL string `json:"jwks_url,omitempty"`
+	// Keys is how many signing keys were fetched.
+	Keys int `json:"keys"`
+	// Error is why the keys cannot be fetched; empty when they could.
+	Error string `json:"error,omitempty"`
+	// HS256Issuer is the iss of a backend's HS256 tokens; empty when
+	// HS256 is refused.
+	HS256Issuer string `json:"hs256_issuer,omitempty"`
+}
+
+// SetSignIn adds what the API accepts to the report; keys that cannot be
+// fetched need attention, since every token of the issuer is refused
+// until they can.
+func (r *Report) SetSignIn(s SignIn) {
+	r.SignIn = &s
+	if s.JWT != nil && s.JWT.Error != "" {
+		r.Attention = append(r.Attention, fmt.Sprintf("JWT sign-in: the keys of issuer %s cannot be fetched (%s): its tokens are refused until they can", s.JWT.Issuer, s.JWT.Error))
 	}
 }
