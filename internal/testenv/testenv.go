@@ -45,6 +45,13 @@ var (
 // os.Exit(testenv.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
+	afterMu.Lock()
+	fns := afterAll
+	afterAll = nil
+	afterMu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
 	removePlainBinary()
 	if cluster != nil {
 		_ = cluster.Stop(pgcluster.Fast)
@@ -69,6 +76,21 @@ func Main(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+var (
+	afterMu  sync.Mutex
+	afterAll []func()
+)
+
+// AfterAll registers fn to run once the package's tests have run, before
+// Main looks for leaked goroutines, last registered first: it stops what
+// a package started for all its tests (a server of its own, what an
+// Example used).
+func AfterAll(fn func()) {
+	afterMu.Lock()
+	defer afterMu.Unlock()
+	afterAll = append(afterAll, fn)
 }
 
 func startServer() error {
