@@ -43,8 +43,10 @@ var Pages = []Page{
 // finds a page stale tells its reader.
 const Command = "make docs"
 
-func begin(region string) string { return "<!-- BEGIN GENERATED: " + region + " (`" + Command + "` writes it; do not edit) -->" }
-func end(region string) string   { return "<!-- END GENERATED: " + region + " -->" }
+func begin(region string) string {
+	return "<!-- BEGIN GENERATED: " + region + " (`" + Command + "` writes it; do not edit) -->"
+}
+func end(region string) string { return "<!-- END GENERATED: " + region + " -->" }
 
 // Render returns the page as it should be: its file with the generated
 // region replaced by what the code says now.
