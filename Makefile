@@ -7,7 +7,7 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean
+.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean docs image
 
 all: build
 
@@ -27,7 +27,7 @@ deps:
 # the lockfile changed.
 NPM_DIRS := internal/oidctest/provider
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus chaos node
+	@./scripts/install-deps.sh postgres chromium prometheus chaos node tour
 	@for d in $(NPM_DIRS); do \
 		[ $$d/node_modules/.package-lock.json -nt $$d/package-lock.json ] || \
 		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
@@ -45,6 +45,22 @@ vet:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+# The generated parts of the reference pages: every command and setting
+# from the binary's flags (docs/reference/cli.md), every metric from the
+# code's declarations (docs/reference/metrics.md). A test fails when the
+# checked-in pages differ from what the code says.
+docs:
+	$(GO) run ./internal/docgen/cmd/docgen
+
+# Baton's OCI image, built with Go alone (no container engine): the static
+# binary on an empty base, as a user without privileges, no shell, the
+# version in its labels. Writes bin/baton-image.tar (load it with
+# `docker load`, `podman load` or push it with crane).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE   ?= baton:$(VERSION)
+image:
+	$(GO) run ./deploy/image/make-image --version $(VERSION) --tag $(IMAGE) --out bin/baton-image.tar
 
 dev: deps build
 	./$(BIN) dev
