@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -13,13 +14,13 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/batonhq/baton/internal/oidctest"
 	"github.com/batonhq/baton/internal/setting"
+	"github.com/batonhq/baton/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 const (
 	audience    = "https://api.baton.test"
