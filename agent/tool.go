@@ -123,7 +123,13 @@ func (c *compiled) Effect() consumer.Effect { return c.spec.Effect }
 // conversation), which must end the turn instead.
 func (c *compiled) Call(ctx context.Context, inv consumer.Invocation) (string, error) {
 	out, err := c.spec.Handler(ctx, inv)
-	if err != nil {
+	var unknown *consumer.OutcomeUnknownError
+	switch {
+	case errors.As(err, &unknown):
+		// Not the model's to react to: a write's effect may have
+		// happened, and the turn must fail visibly.
+		return "", err
+	case err != nil:
 		return "", &ToolError{Tool: c.spec.Name, Err: err}
 	}
 	return out, nil
