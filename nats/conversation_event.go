@@ -70,8 +70,8 @@ type ConversationEvent struct {
 	Tool       string     `json:"tool,omitempty"`
 	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
 	// Decision is approved, denied or expired (approval_decided).
-	Decision string `json:"decision,omitempty"`
-	At        time.Time  `json:"at"`
+	Decision string    `json:"decision,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // EventsConfig is the conversation events stream.

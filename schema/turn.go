@@ -412,7 +412,7 @@ conv AS (
 	RETURNING 1),
 ops AS (
 	UPDATE operations p SET message_id = reply.id FROM reply JOIN req ON req.run_id = reply.run_id
-	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (`+stoppedRunsSQL+`))
+	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `))
 	RETURNING reply.run_id),
 run AS (
 	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
