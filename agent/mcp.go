@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -175,8 +176,6 @@ func (c MCPConfig) Validate() error {
 		return setting.Errorf("MCPRetryAfter", c.RetryAfter, "must be positive")
 	case c.MaxOutputBytes < 256:
 		return setting.Errorf("MCPMaxOutputBytes", c.MaxOutputBytes, "give at least 256 bytes")
-	case len(c.Servers) > 0 && c.DB == nil:
-		return setting.Errorf("MCPDB", nil, "the MCP servers need the database, to agree on accepted tool definitions")
 	}
 	return nil
 }
@@ -199,6 +198,9 @@ func NewMCP(cfg MCPConfig) (*MCP, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(cfg.Servers) > 0 && cfg.DB == nil {
+		return nil, errors.New("agent: MCPConfig.DB is required: the workers agree on accepted tool definitions through the database")
 	}
 	m := &MCP{cfg: cfg, log: cfg.Logger.With().Str("component", "mcp").Logger(), metrics: newMCPMetrics(cfg.Registerer)}
 	for _, s := range cfg.Servers {
