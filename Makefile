@@ -22,7 +22,8 @@ deps:
 	@./scripts/install-deps.sh postgres
 
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus
+	@./scripts/install-deps.sh postgres chromium prometheus node
+	@cd agent/testdata/mcp-everything && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
 test: test-deps
 	$(GO) vet $(PKGS)
