@@ -58,6 +58,10 @@ type MCPServer struct {
 	// (--mcp-token-file NAME=FILE), read at start; never logged. Defaults
 	// to none.
 	TokenFile string
+	// CallTimeout bounds one tools/call to this server
+	// (--mcp-server-timeout NAME=DURATION). Defaults to
+	// MCPConfig.CallTimeout.
+	CallTimeout time.Duration
 	// Trusted makes the server's readOnlyHint count (--mcp-trust NAME): a
 	// tool is read-only only when its server is trusted and says so.
 	// Defaults to false: every tool of the server is a write.
@@ -137,6 +141,8 @@ func (c MCPConfig) Validate() error {
 			return setting.Errorf("MCPServers", s.Name, "two servers have this name: give each its own")
 		case (s.URL == "") == (len(s.Command) == 0):
 			return setting.Errorf("MCPServers", s.Name, "give either a URL (--mcp-server NAME=URL) or a command (--mcp-command NAME=COMMAND)")
+		case s.CallTimeout < 0:
+			return setting.Errorf("MCPServerTimeouts", s.Name+"="+s.CallTimeout.String(), "must be positive")
 		}
 		seen[s.Name] = true
 		if s.URL != "" {
@@ -204,6 +210,9 @@ func NewMCP(cfg MCPConfig) (*MCP, error) {
 	}
 	m := &MCP{cfg: cfg, log: cfg.Logger.With().Str("component", "mcp").Logger(), metrics: newMCPMetrics(cfg.Registerer)}
 	for _, s := range cfg.Servers {
+		if s.CallTimeout == 0 {
+			s.CallTimeout = cfg.CallTimeout
+		}
 		srv := &mcpServer{m: m, spec: s, log: m.log.With().Str("mcp_server", s.Name).Logger(), tools: map[string]*compiled{}, warned: map[string]bool{}}
 		if s.TokenFile != "" {
 			b, err := os.ReadFile(s.TokenFile)

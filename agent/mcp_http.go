@@ -104,6 +104,12 @@ type mcpTransport struct {
 
 func (t *mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody {
+		// Go's transport sends a request with an Idempotency-Key again
+		// by itself when its connection broke, if it can rewind the body:
+		// a call whose outcome is unknown must never be sent again.
+		req.GetBody = nil
+	}
 	if t.token != "" && req.URL.Host == t.host {
 		req.Header.Set("Authorization", "Bearer "+t.token)
 	}

@@ -351,7 +351,7 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 		s.log.Warn().Err(err).Str("tool", name).Int64("operation_id", inv.OperationID).Msg("MCP call not sent: server unavailable")
 		return "", fmt.Errorf("the tool's server is not available, the call was not made; try again later")
 	}
-	cctx, cancel := context.WithTimeout(withIdempotencyKey(ctx, inv.IdempotencyKey), s.m.cfg.CallTimeout)
+	cctx, cancel := context.WithTimeout(withIdempotencyKey(ctx, inv.IdempotencyKey), s.spec.CallTimeout)
 	defer cancel()
 	res, err := cs.CallTool(cctx, &mcp.CallToolParams{
 		Name:      remote,
@@ -360,7 +360,10 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 	})
 	if err != nil {
 		var rpc *jsonrpc.Error
-		if errors.As(err, &rpc) {
+		// The SDK reports a failed HTTP exchange as "rejected by
+		// transport" (-32005), though the request may have left: that is
+		// no answer of the server's.
+		if errors.As(err, &rpc) && rpc.Code != codeRejectedByTransport {
 			// The server answered with a protocol error: it refused the
 			// call, which is an answer.
 			outcome = "refused"
@@ -368,7 +371,8 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 			return "", fmt.Errorf("the server refused the call: %s", truncate(rpc.Message, 500))
 		}
 		cause := s.failure(ctx, cctx, err)
-		if errors.Is(err, errResponseTooLarge) || strings.Contains(err.Error(), "exceeded the configured maximum") {
+		// The SDK reports these with %v, not %w: their text tells them.
+		if msg := err.Error(); strings.Contains(msg, errResponseTooLarge.Error()) || strings.Contains(msg, "exceeded the configured maximum") {
 			cause = fmt.Sprintf("its answer is larger than %d MiB, the most Baton reads, and was not read", MCPMaxResponseBytes>>20)
 		}
 		if ctx.Err() == nil {
@@ -395,14 +399,18 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 	return out, nil
 }
 
+// codeRejectedByTransport is the SDK's code for an HTTP exchange that
+// failed (jsonrpc2.ErrRejected).
+const codeRejectedByTransport = -32005
+
 // failure says for the model and the log why a call got no answer.
 func (s *mcpServer) failure(turn, call context.Context, err error) string {
 	switch {
 	case turn.Err() != nil:
 		return "the turn stopped before the server answered"
 	case errors.Is(call.Err(), context.DeadlineExceeded):
-		return fmt.Sprintf("the server did not answer within %s", s.m.cfg.CallTimeout)
-	case errors.Is(err, mcp.ErrConnectionClosed):
+		return fmt.Sprintf("the server did not answer within %s", s.spec.CallTimeout)
+	case errors.Is(err, mcp.ErrConnectionClosed), isRejected(err):
 		return "the connection to the server was lost before it answered"
 	}
 	return "the call failed before the server answered: " + s.redact(err).Error()
@@ -447,4 +455,9 @@ func resultText(res *mcp.CallToolResult) string {
 		}
 	}
 	return strings.Join(parts, "\n")
+}
+
+func isRejected(err error) bool {
+	var rpc *jsonrpc.Error
+	return errors.As(err, &rpc) && rpc.Code == codeRejectedByTransport
 }

@@ -20,6 +20,7 @@ type mcpFlags struct {
 	MCPServers     []string      `name:"mcp-server" env:"BATON_MCP_SERVERS" sep:";" setting:"MCPServers" placeholder:"NAME=URL" help:"An MCP server over Streamable HTTP whose tools the model may call as NAME__TOOL; repeatable (the variable separates them with ';')."`
 	MCPCommands    []string      `name:"mcp-command" env:"BATON_MCP_COMMANDS" sep:";" placeholder:"NAME=COMMAND" help:"An MCP server over stdio: the command (split at spaces) runs with only PATH, HOME and LANG of the worker's environment; repeatable (the variable separates them with ';')."`
 	MCPTokenFiles  []string      `name:"mcp-token-file" env:"BATON_MCP_TOKEN_FILES" sep:";" setting:"MCPTokenFiles" placeholder:"NAME=FILE" help:"A file holding the bearer token of an HTTP server; repeatable. The token is never logged."`
+	MCPTimeouts    []string      `name:"mcp-server-timeout" env:"BATON_MCP_SERVER_TIMEOUTS" sep:"," setting:"MCPServerTimeouts" placeholder:"NAME=DURATION" help:"A server's own call timeout, instead of --mcp-call-timeout."`
 	MCPTrust       []string      `name:"mcp-trust" env:"BATON_MCP_TRUST" sep:"," placeholder:"NAME" help:"Servers whose readOnlyHint counts: a tool is a read only when its server is trusted and says so; every other tool is a write."`
 	MCPToolEffects []string      `name:"mcp-tool-effect" env:"BATON_MCP_TOOL_EFFECTS" sep:"," setting:"MCPToolEffects" placeholder:"NAME__TOOL=read|write" help:"A tool's effect, whatever its server says; wins over --mcp-trust."`
 	MCPApprove     []string      `name:"mcp-approve" env:"BATON_MCP_APPROVE" sep:"," setting:"MCPApprove" placeholder:"NAME|NAME__TOOL|all-writes" help:"Writes that wait for their user's approval before they are sent: a server's, a tool's, or all-writes."`
@@ -67,6 +68,15 @@ func (f mcpFlags) config(log zerolog.Logger, reg prometheus.Registerer) (agent.M
 			return cfg, fmt.Errorf("--mcp-token-file %q: write NAME=FILE for a server given with --mcp-server", v)
 		}
 		cfg.Servers[i].TokenFile = file
+	}
+	for _, v := range f.MCPTimeouts {
+		name, d, _ := strings.Cut(v, "=")
+		i, ok := byName[name]
+		timeout, err := time.ParseDuration(d)
+		if !ok || err != nil || timeout <= 0 {
+			return cfg, fmt.Errorf("--mcp-server-timeout %q: write NAME=DURATION, such as %s=2m, for a configured server", v, name)
+		}
+		cfg.Servers[i].CallTimeout = timeout
 	}
 	for _, name := range f.MCPTrust {
 		i, ok := byName[name]
