@@ -39,13 +39,15 @@ type stack struct {
 	stream batonnats.StreamConfig
 	owner  int64
 	states chan batonnats.ConversationEvent
+	nats   *testenv.NATS
 }
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	ctx := context.Background()
 	s := &stack{t: t, db: testenv.Database(t), states: make(chan batonnats.ConversationEvent, 64)}
-	s.nc, s.js = testenv.StartNATS(t).Connect(t)
+	s.nats = testenv.StartNATS(t)
+	s.nc, s.js = s.nats.Connect(t)
 	s.stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
 	_, _, err := batonnats.ProvisionStream(ctx, s.js, s.stream, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
