@@ -32,7 +32,7 @@ var slotCounter atomic.Int64
 // stack is a real Postgres, NATS and relay, for turns run by the real
 // worker with the OpenAI agent.
 type stack struct {
-	t      *testing.T
+	t      testing.TB
 	db     *testenv.DB
 	nc     *natsclient.Conn
 	js     jetstream.JetStream
@@ -42,7 +42,7 @@ type stack struct {
 	nats   *testenv.NATS
 }
 
-func newStack(t *testing.T) *stack {
+func newStack(t testing.TB) *stack {
 	t.Helper()
 	ctx := context.Background()
 	s := &stack{t: t, db: testenv.Database(t), states: make(chan batonnats.ConversationEvent, 64)}
