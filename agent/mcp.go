@@ -208,7 +208,9 @@ func NewMCP(cfg MCPConfig) (*MCP, error) {
 	if len(cfg.Servers) > 0 && cfg.DB == nil {
 		return nil, errors.New("agent: MCPConfig.DB is required: the workers agree on accepted tool definitions through the database")
 	}
-	m := &MCP{cfg: cfg, log: cfg.Logger.With().Str("component", "mcp").Logger(), metrics: newMCPMetrics(cfg.Registerer)}
+	// The caller's logger names the component (the worker's says
+	// component=mcp).
+	m := &MCP{cfg: cfg, log: *cfg.Logger, metrics: newMCPMetrics(cfg.Registerer)}
 	for _, s := range cfg.Servers {
 		if s.CallTimeout == 0 {
 			s.CallTimeout = cfg.CallTimeout

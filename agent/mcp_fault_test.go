@@ -38,8 +38,10 @@ type faultServer struct {
 	calls map[string]map[string]int // tool -> key -> calls
 	// headerKeys are the Idempotency-Key headers of tools/call requests.
 	headerKeys []string
-	arrived    chan string // a tool's name as each call arrives
-	release    chan struct{}
+	// auth is the Authorization header of the last tools/call.
+	auth    string
+	arrived chan string // a tool's name as each call arrives
+	release chan struct{}
 	// stop ends the calls that wait, when the test ends: a stateless
 	// server does not see its client give up.
 	stop chan struct{}
@@ -158,6 +160,7 @@ func (f *faultServer) handler() http.Handler {
 		if bytes.Contains(body, []byte(`"tools/call"`)) {
 			f.mu.Lock()
 			f.headerKeys = append(f.headerKeys, r.Header.Get("Idempotency-Key"))
+			f.auth = r.Header.Get("Authorization")
 			f.mu.Unlock()
 			if bytes.Contains(body, []byte(`"name":"drop"`)) {
 				// The request arrived; the connection dies before an answer.

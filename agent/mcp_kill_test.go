@@ -27,6 +27,12 @@ type workerProcess struct {
 
 func (s *stack) startWorkerProcess(bin string, model *agenttest.Server, f *faultServer, extra ...string) *workerProcess {
 	s.t.Helper()
+	return s.startWorkerProcessURL(bin, model, f.endpoint(), extra...)
+}
+
+// startWorkerProcessURL is startWorkerProcess with MCP server "f" at url.
+func (s *stack) startWorkerProcessURL(bin string, model *agenttest.Server, url string, extra ...string) *workerProcess {
+	s.t.Helper()
 	args := append([]string{"worker",
 		"--database-url", s.db.URL,
 		"--nats-url", s.nats.URL,
@@ -35,7 +41,7 @@ func (s *stack) startWorkerProcess(bin string, model *agenttest.Server, f *fault
 		"--partitions", strconv.Itoa(s.stream.Partitions),
 		"--lease", "1s", "--ack-wait", "1s", "--debounce", "0",
 		"--agent", "openai", "--model-base-url", model.BaseURL(), "--model", "test-model",
-		"--mcp-server", "f=" + f.endpoint(), "--mcp-allow-private",
+		"--mcp-server", "f=" + url, "--mcp-allow-private",
 		"--log-format", "json"}, extra...)
 	p := &workerProcess{cmd: exec.Command(bin, args...), exited: make(chan struct{}), stderr: &testenv.SyncBuffer{}}
 	p.cmd.Stderr = p.stderr

@@ -102,7 +102,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		if c.Agent != "openai" {
 			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai: the echo agent calls no tools of servers")}
 		}
-		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "agent").Logger(), reg)
+		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
 		if err != nil {
 			return &UsageError{Err: err}
 		}
