@@ -142,6 +142,11 @@ func (f *faultServer) server() *mcp.Server {
 			return nil, context.Canceled
 		}
 	})
+	s.AddTool(&mcp.Tool{Name: "peek", Description: "Says it only reads.", InputSchema: obj, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			f.record("peek", req)
+			return text("peeked"), nil
+		})
 	add("changing", f.description.Load().(string), func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return text("changed or not"), nil
 	})
@@ -431,4 +436,37 @@ func (s *stack) describe(conv string) string {
 		rows.Close()
 	}
 	return b.String()
+}
+
+func TestAToolIsAReadOnlyWhenItsServerIsTrustedAndSaysSoAndOverridesWin(t *testing.T) {
+	t.Parallel()
+	db := testenv.Database(t)
+	f := newFaultServer(t)
+	m, err := agent.NewMCP(agent.MCPConfig{
+		Servers: []agent.MCPServer{
+			{Name: "trusted", URL: f.endpoint(), Trusted: true},
+			{Name: "untrusted", URL: f.endpoint()},
+		},
+		ToolEffects:  map[string]consumer.Effect{"trusted__count": consumer.EffectRead, "untrusted__peek": consumer.EffectRead, "trusted__hang": consumer.EffectWrite},
+		AllowPrivate: true, DB: db.Pool,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	tools, err := m.TurnTools(context.Background())
+	require.NoError(t, err)
+	effect := func(name string) consumer.Effect {
+		tool, ok := tools[name]
+		require.True(t, ok, "%s is offered", name)
+		return tool.Effect()
+	}
+	require.Equal(t, consumer.EffectRead, effect("trusted__peek"), "a trusted server's readOnlyHint makes a read")
+	require.Equal(t, consumer.EffectWrite, effect("trusted__oops"), "a tool without the hint is a write, trusted or not")
+	require.Equal(t, consumer.EffectRead, effect("trusted__count"), "an override wins")
+	require.Equal(t, consumer.EffectRead, effect("untrusted__peek"), "an override wins over the lack of trust")
+	m2, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "plain", URL: f.endpoint()}}, AllowPrivate: true, DB: db.Pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m2.Close() })
+	tools, err = m2.TurnTools(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, consumer.EffectWrite, tools["plain__peek"].Effect(), "an untrusted server's readOnlyHint does not count")
 }
