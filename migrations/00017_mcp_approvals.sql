@@ -107,6 +107,9 @@ INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
 
 UPDATE baton_grants SET columns = columns || '{approval_id}'
 WHERE object = 'conversations' AND role = 'baton_worker' AND privilege = 'UPDATE';
+-- StartApprovedOperationTx: the resumed run takes the approved call over.
+UPDATE baton_grants SET columns = columns || '{run_id,started_at}'
+WHERE object = 'operations' AND role = 'baton_worker' AND privilege = 'UPDATE';
 
 SELECT baton_apply_grants();
 
@@ -115,6 +118,8 @@ DELETE FROM baton_grants WHERE object IN ('mcp_tools', 'mcp_servers', 'approvals
 DELETE FROM baton_grants WHERE object = 'operations' AND role = 'baton_api';
 UPDATE baton_grants SET columns = array_remove(columns, 'approval_id')
 WHERE object = 'conversations' AND role = 'baton_worker' AND privilege = 'UPDATE';
+UPDATE baton_grants SET columns = array_remove(array_remove(columns, 'run_id'), 'started_at')
+WHERE object = 'operations' AND role = 'baton_worker' AND privilege = 'UPDATE';
 ALTER TABLE conversations DROP COLUMN approval_id;
 DROP TABLE approvals;
 UPDATE agent_runs SET status = 'abandoned' WHERE status = 'waiting_for_approval';
