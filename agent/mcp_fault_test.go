@@ -120,8 +120,8 @@ func (f *faultServer) server() *mcp.Server {
 	add("drop", "Its connection is dropped mid-call.", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return text("never seen"), nil
 	})
-	add("big", "Answers 50 MB.", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		return text(strings.Repeat("x", 50<<20)), nil
+	add("big", "Answers 50 MB (see bigAnswer).", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return text("never sent"), nil
 	})
 	add("long", "Answers 1 MB.", func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return text(strings.Repeat("y", 1<<20)), nil
@@ -167,6 +167,10 @@ func (f *faultServer) handler() http.Handler {
 			f.headerKeys = append(f.headerKeys, r.Header.Get("Idempotency-Key"))
 			f.auth = r.Header.Get("Authorization")
 			f.mu.Unlock()
+			if bytes.Contains(body, []byte(`"name":"big"`)) {
+				f.bigAnswer(w, body)
+				return
+			}
 			if bytes.Contains(body, []byte(`"name":"drop"`)) {
 				// The request arrived; the connection dies before an answer.
 				var req struct {
@@ -187,6 +191,35 @@ func (f *faultServer) handler() http.Handler {
 		}
 		mcpHandler.ServeHTTP(w, r)
 	})
+}
+
+// bigAnswer answers a call of big with a 50 MB text result, written as it
+// goes (the SDK would build it whole first, which takes long under the
+// race detector): the client stops reading where its limit is.
+func (f *faultServer) bigAnswer(w http.ResponseWriter, body []byte) {
+	var req struct {
+		ID     json.RawMessage `json:"id"`
+		Params struct {
+			Meta map[string]any `json:"_meta"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal(body, &req)
+	key, _ := req.Params.Meta["idempotencyKey"].(string)
+	f.mu.Lock()
+	if f.calls["big"] == nil {
+		f.calls["big"] = map[string]int{}
+	}
+	f.calls["big"][key]++
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"`, req.ID)
+	chunk := bytes.Repeat([]byte("x"), 1<<20)
+	for range 50 {
+		if _, err := w.Write(chunk); err != nil {
+			return
+		}
+	}
+	fmt.Fprint(w, `"}]}}`)
 }
 
 // endpoint is the server's MCP URL.
@@ -283,7 +316,7 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 
 	t.Run("an answer of 50 MB is not read, and the model is told", func(t *testing.T) {
 		s.send("c-big", "m-big", "big")
-		ev := s.await("c-big", batonnats.EventReplied, batonnats.EventFailed)
+		ev := s.awaitWithin(2*time.Minute, "c-big", batonnats.EventReplied, batonnats.EventFailed)
 		require.Equal(t, batonnats.EventReplied, ev.Type, "a read that fails is the model's to answer: %s", s.describe("c-big"))
 		require.Contains(t, s.reply("c-big"), "larger than 16 MiB, the most Baton reads")
 		status, _ := s.operation("c-big")
