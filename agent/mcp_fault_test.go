@@ -278,8 +278,8 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 		// h is the same server with a short call timeout, for hang.
 		Servers:     []agent.MCPServer{{Name: "f", URL: f.endpoint()}, {Name: "h", URL: f.endpoint(), CallTimeout: time.Second}},
 		CallTimeout: time.Minute,
-		// hang_read is a read by the operator's word: its timeout is the
-		// model's to react to.
+		// big and long are reads by the operator's word: their failures
+		// are the model's to react to.
 		ToolEffects:    map[string]consumer.Effect{"f__big": agent.Read, "f__long": agent.Read},
 		MaxOutputBytes: 4096,
 		Logger:         log,
@@ -292,7 +292,8 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 	}))
 	s.startMCPWorker(model, m, nil)
 
-	t.Run("a write that hangs past the timeout fails visibly and is not sent again", func(t *testing.T) {
+	// a write that hangs past the timeout fails visibly and is not sent again.
+	func() {
 		s.send("c-hang", "m-hang", "hang")
 		ev := s.await("c-hang", batonnats.EventReplied, batonnats.EventFailed)
 		require.Equal(t, batonnats.EventFailed, ev.Type, "a write without an answer fails the turn")
@@ -303,18 +304,20 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 		total, _ := f.count("hang")
 		require.Equal(t, 1, total, "the call was sent once, and never again")
 		require.Contains(t, logs.String(), "MCP write failed with its outcome unknown")
-	})
+	}()
 
-	t.Run("a write whose connection drops mid-call fails visibly and is not sent again", func(t *testing.T) {
+	// a write whose connection drops mid-call fails visibly and is not sent again.
+	func() {
 		s.send("c-drop", "m-drop", "drop")
 		ev := s.await("c-drop", batonnats.EventReplied, batonnats.EventFailed)
 		require.Equal(t, batonnats.EventFailed, ev.Type, "a write whose connection dropped fails the turn: %s", s.describe("c-drop"))
 		require.Contains(t, s.errorText("c-drop"), `"f__drop", which may have taken effect`)
 		total, _ := f.count("drop")
 		require.Equal(t, 1, total, "the dropped call was not sent again")
-	})
+	}()
 
-	t.Run("an answer of 50 MB is not read, and the model is told", func(t *testing.T) {
+	// an answer of 50 MB is not read, and the model is told.
+	func() {
 		s.send("c-big", "m-big", "big")
 		ev := s.awaitWithin(2*time.Minute, "c-big", batonnats.EventReplied, batonnats.EventFailed)
 		require.Equal(t, batonnats.EventReplied, ev.Type, "a read that fails is the model's to answer: %s", s.describe("c-big"))
@@ -322,9 +325,10 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 		status, _ := s.operation("c-big")
 		require.Equal(t, "failed", status)
 		require.Contains(t, logs.String(), "MCP read failed")
-	})
+	}()
 
-	t.Run("a long answer is cut to the cap and marked", func(t *testing.T) {
+	// a long answer is cut to the cap and marked.
+	func() {
 		s.send("c-long", "m-long", "long")
 		s.await("c-long", batonnats.EventReplied)
 		var result string
@@ -333,17 +337,19 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 		require.LessOrEqual(t, len(result), 4096, "the journal keeps at most the cap")
 		require.Contains(t, result, "[output cut: 1048576 bytes, the first")
 		require.Contains(t, s.reply("c-long"), "[output cut: 1048576 bytes")
-	})
+	}()
 
-	t.Run("an isError result is a completed call", func(t *testing.T) {
+	// an isError result is a completed call.
+	func() {
 		s.send("c-oops", "m-oops", "oops")
 		s.await("c-oops", batonnats.EventReplied)
 		status, _ := s.operation("c-oops")
 		require.Equal(t, "completed", status, "the server answered: the write completed")
 		require.Contains(t, s.reply("c-oops"), "[the tool reported an error] the printer is out of paper")
-	})
+	}()
 
-	t.Run("the idempotency key goes in _meta and the header, and is the journal's", func(t *testing.T) {
+	// the idempotency key goes in _meta and the header, and is the journal's.
+	func() {
 		s.send("c-count", "m-count", "count")
 		s.await("c-count", batonnats.EventReplied)
 		var key string
@@ -352,7 +358,7 @@ func TestMCPFaultsEndAsTheRulesSay(t *testing.T) {
 		f.mu.Lock()
 		require.Contains(t, f.headerKeys, key, "the Idempotency-Key header carries it too")
 		f.mu.Unlock()
-	})
+	}()
 }
 
 func TestAnMCPServerDownAtTurnStartOffersNoToolsAndTheTurnGoesOn(t *testing.T) {
