@@ -17,13 +17,16 @@ build:
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
 # page tests) and promtool (for the tests of the alert rules and the
-# dashboard). Nothing else is fetched.
+# dashboard), Node.js and npm (for the MCP reference server of the agent's
+# tests, which npm ci installs in agent/testdata/mcp-everything when its
+# lockfile is newer than what is installed, from its exact versions).
+# Nothing else is fetched.
 deps:
 	@./scripts/install-deps.sh postgres
 
 test-deps:
 	@./scripts/install-deps.sh postgres chromium prometheus node
-	@cd agent/testdata/mcp-everything && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	@cd agent/testdata/mcp-everything && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --ignore-scripts --no-audit --no-fund --loglevel=error; }
 
 test: test-deps
 	$(GO) vet $(PKGS)
