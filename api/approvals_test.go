@@ -56,6 +56,7 @@ func TestAnApprovalIsShownToItsUserAndDecidedOnce(t *testing.T) {
 	shown := approvals[0].(map[string]any)
 	require.Equal(t, id, shown["id"])
 	require.Equal(t, "mail__send", shown["tool"])
+	require.Equal(t, "call_1", shown["tool_call_id"], "the model's id of the call, for clients that track tool parts")
 	require.Equal(t, "pending", shown["status"])
 	require.Equal(t, map[string]any{"to": "bob@example.com"}, shown["arguments"])
 

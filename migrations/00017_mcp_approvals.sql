@@ -99,7 +99,7 @@ INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
   ('approvals_id_seq', 'baton_worker', 'USAGE', NULL, 'approvals.id'),
   ('approvals', 'baton_api', 'SELECT', NULL, 'ListApprovals, DecideApprovalTx'),
   ('approvals', 'baton_api', 'UPDATE', '{status,decided_at,decided_by}', 'DecideApprovalTx'),
-  ('operations', 'baton_api', 'SELECT', '{id,status,arguments}', 'DecideApprovalTx checks the stored arguments'),
+  ('operations', 'baton_api', 'SELECT', '{id,status,arguments,tool_call_id}', 'DecideApprovalTx checks the stored arguments; approvals show the call''s id'),
   ('operations', 'baton_api', 'UPDATE', '{status,error,finished_at}', 'DecideApprovalTx records a denied call'),
   ('approvals', 'baton_relay', 'SELECT', '{conversation_id,status,expires_at}',
    'AnnounceStaleTx leaves out conversations that wait for an approval'),

@@ -290,8 +290,11 @@ func DenyOperation(ctx context.Context, db Executor, operationID int64, cause st
 
 // Approval is an approval as its user sees it.
 type Approval struct {
-	ID              string          `json:"id"`
-	Tool            string          `json:"tool"`
+	ID   string `json:"id"`
+	Tool string `json:"tool"`
+	// ToolCallID is the model's id of the call (an AI SDK client's
+	// toolCallId).
+	ToolCallID      string          `json:"tool_call_id"`
 	Arguments       json.RawMessage `json:"arguments"`
 	ArgumentsSHA256 string          `json:"arguments_sha256"`
 	Status          string          `json:"status"`
@@ -305,13 +308,14 @@ type Approval struct {
 	TurnID          string  `json:"-"`
 }
 
-const approvalColumns = `a.public_id, a.tool, a.arguments, a.arguments_sha256,
+const approvalColumns = `a.public_id, a.tool,
+	coalesce((SELECT o.tool_call_id FROM operations o WHERE o.id = a.operation_id), ''), a.arguments, a.arguments_sha256,
 	CASE WHEN a.status = 'pending' AND a.expires_at <= now() THEN 'expired' ELSE a.status END,
 	a.created_at, a.expires_at, a.decided_at, a.conversation_id, a.outbox_ids, a.run_id, a.turn_id`
 
 func scanApproval(row pgx.Row) (Approval, error) {
 	var a Approval
-	err := row.Scan(&a.ID, &a.Tool, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
+	err := row.Scan(&a.ID, &a.Tool, &a.ToolCallID, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
 		&a.ConversationKey, &a.OutboxIDs, &a.RunID, &a.TurnID)
 	return a, err
 }
@@ -414,7 +418,7 @@ func DecideApprovalTx(ctx context.Context, tx Executor, ownerID int64, conversat
 
 func scanApprovalWith(row pgx.Row, lead ...any) (Approval, error) {
 	var a Approval
-	dest := append(lead, &a.ID, &a.Tool, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
+	dest := append(lead, &a.ID, &a.Tool, &a.ToolCallID, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
 		&a.ConversationKey, &a.OutboxIDs, &a.RunID, &a.TurnID)
 	err := row.Scan(dest...)
 	return a, err
