@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -66,6 +67,15 @@ func (f mcpFlags) config(log zerolog.Logger, reg prometheus.Registerer) (agent.M
 		i, ok := byName[name]
 		if !ok || file == "" {
 			return cfg, fmt.Errorf("--mcp-token-file %q: write NAME=FILE for a server given with --mcp-server", v)
+		}
+		// Read now, so that a wrong path is refused before anything
+		// connects; the agent reads it again when it starts.
+		if b, err := os.ReadFile(file); err != nil || strings.TrimSpace(string(b)) == "" {
+			why := "it is empty"
+			if err != nil {
+				why = err.Error()
+			}
+			return cfg, fmt.Errorf("--mcp-token-file %s=%s: cannot read the token file (%s): give a file that holds the server's bearer token", name, file, why)
 		}
 		cfg.Servers[i].TokenFile = file
 	}

@@ -78,3 +78,31 @@ func TestStatusListsMCPToolsWithTheirEffectsAndMCPAcceptOffersAChangedOneAgain(t
 	}
 	require.False(t, strings.Contains(strings.Join(rep.Attention, "\n"), "MCP"), "%v", rep.Attention)
 }
+
+func TestWrongMCPSettingsAreRefusedWithTheFlagToFix(t *testing.T) {
+	t.Parallel()
+	openai := []string{"worker", "--agent", "openai", "--model", "m"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"worker", "--mcp-server", "docs=https://mcp.example.com/mcp"}, "--mcp-server and --mcp-command need --agent openai"},
+		{append(openai, "--mcp-server", "bad__name=https://mcp.example.com/mcp"), "--mcp-server / BATON_MCP_SERVERS bad__name"},
+		{append(openai, "--mcp-server", "docs=ftp://mcp.example.com/mcp"), "the URL of an MCP server is http:// or https://"},
+		{append(openai, "--mcp-server", "docs=https://user:hunter2secret@mcp.example.com/mcp"), "put no credentials in the URL"},
+		{append(openai, "--mcp-server", "docs"), `--mcp-server "docs": write NAME=URL`},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-trust", "other"), `--mcp-trust "other": no server of that name`},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-tool-effect", "docs__search=maybe"), "--mcp-tool-effect / BATON_MCP_TOOL_EFFECTS docs__search=maybe: an effect is read or write"},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-tool-effect", "other__search=read"), "name a tool as SERVER__TOOL, with a configured server"},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-approve", "other"), "--mcp-approve / BATON_MCP_APPROVE other"},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-server-timeout", "docs=soon"), `--mcp-server-timeout "docs=soon": write NAME=DURATION`},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-max-output-bytes", "10"), "--mcp-max-output-bytes / BATON_MCP_MAX_OUTPUT_BYTES 10: give at least 256 bytes"},
+		{append(openai, "--mcp-server", "docs=https://a.example/mcp", "--mcp-token-file", "docs=/nonexistent/token"), "cannot read the token file"},
+		{append(openai, "--approval-ttl", "10ms"), "--approval-ttl / BATON_APPROVAL_TTL 10ms"},
+	} {
+		_, stderr, code := run(t, append(tc.args, "--database-url", "postgres://127.0.0.1:1/none")...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+		require.NotContains(t, stderr, "hunter2secret", "a refused URL's password is not shown")
+	}
+}
