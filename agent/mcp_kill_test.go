@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 )
@@ -33,6 +35,13 @@ func (s *stack) startWorkerProcess(bin string, model *agenttest.Server, f *fault
 // startWorkerProcessURL is startWorkerProcess with MCP server "f" at url.
 func (s *stack) startWorkerProcessURL(bin string, model *agenttest.Server, url string, extra ...string) *workerProcess {
 	s.t.Helper()
+	return s.startWorkerProcessEnv(bin, model, url, nil, extra...)
+}
+
+// startWorkerProcessEnv is startWorkerProcessURL with env added to the
+// worker's environment.
+func (s *stack) startWorkerProcessEnv(bin string, model *agenttest.Server, url string, env []string, extra ...string) *workerProcess {
+	s.t.Helper()
 	args := append([]string{"worker",
 		"--database-url", s.db.URL,
 		"--nats-url", s.nats.URL,
@@ -44,6 +53,7 @@ func (s *stack) startWorkerProcessURL(bin string, model *agenttest.Server, url s
 		"--mcp-server", "f=" + url, "--mcp-allow-private",
 		"--log-format", "json"}, extra...)
 	p := &workerProcess{cmd: exec.Command(bin, args...), exited: make(chan struct{}), stderr: &testenv.SyncBuffer{}}
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.stderr
 	require.NoError(s.t, p.cmd.Start())
 	go func() { _ = p.cmd.Wait(); close(p.exited) }()
@@ -133,8 +143,9 @@ func TestAWorkerKilledDuringAnMCPWriteNeverSendsItAgain(t *testing.T) {
 }
 
 // TestAWorkerKilledWhileATurnWaitsForApprovalChangesNothing kills a real
-// worker after its turn stopped for an approval: nothing changes, and the
-// approval given later runs the call once, on another worker.
+// worker after its turn stopped for an approval: nothing changes. The
+// approval given later is resumed by a worker that dies before it sends
+// the call, then by another, which runs the call once.
 func TestAWorkerKilledWhileATurnWaitsForApprovalChangesNothing(t *testing.T) {
 	t.Parallel()
 	bin := testenv.BatonBinary(t)
@@ -166,6 +177,12 @@ func TestAWorkerKilledWhileATurnWaitsForApprovalChangesNothing(t *testing.T) {
 
 	_, err := s.decide("c", ev.ApprovalID, true)
 	require.NoError(t, err)
+	// The worker that resumes the turn dies before it sends the call: the
+	// next one resumes it again.
+	crashing := s.startWorkerProcessEnv(bin, model, f.endpoint(), []string{consumer.CrashEnv + "=" + consumer.CrashDuringModel}, "--mcp-approve", "f")
+	testenv.WaitOrTimeout(t, crashing.exited, 60*time.Second, "the resuming worker to crash at %s: %s", consumer.CrashDuringModel, crashing.stderr.String())
+	total, _ = f.count("count")
+	require.Zero(t, total, "the worker died before it sent the approved call")
 	b := s.startWorkerProcess(bin, model, f, "--mcp-approve", "f")
 	done := awaitEvent(t, events, "c", batonnats.EventReplied, batonnats.EventFailed)
 	require.Equal(t, batonnats.EventReplied, done.Type, "the approval resumes the turn on another worker: %s\nworker log:\n%s", s.describe("c"), b.stderr.String())
