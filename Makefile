@@ -17,15 +17,15 @@ build:
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
 # page tests), promtool (for the tests of the alert rules and the
-# dashboard) and Node.js (for the OpenID Connect provider of the sign-in
-# tests, whose npm packages test-deps installs).
+# dashboard) and Node.js with npm (for the real clients, servers and
+# example apps some tests run, whose packages test-deps installs).
 deps:
 	@./scripts/install-deps.sh postgres
 
 # Folders whose npm packages the tests use (real clients and servers, the
 # example apps), installed from the lockfile beside each, again only when
 # the lockfile changed.
-NPM_DIRS := internal/oidctest/provider
+NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything
 test-deps:
 	@./scripts/install-deps.sh postgres chromium prometheus chaos node tour
 	@for d in $(NPM_DIRS); do \

@@ -190,7 +190,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		switch ev.Type {
 		case batonnats.EventProcessing:
 			current = ev.RunID
-		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled:
+		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled, batonnats.EventWaitingForApproval:
 			if ev.RunID == current {
 				current = ""
 			}

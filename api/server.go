@@ -241,6 +241,8 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
 	s.handle("GET /v1/conversations/{cid}/events", s.liveStream(s.authStream(s.conversationEvents)))
+	s.handle("GET /v1/conversations/{cid}/approvals", s.auth(s.listApprovals))
+	s.handle("POST /v1/conversations/{cid}/approvals/{id}", s.auth(s.decideApproval))
 	// Anything else is a JSON error, not the mux's plain text: 405 with
 	// Allow for a route that takes other methods, 404 otherwise.
 	s.handle("/v1/", s.unrouted)

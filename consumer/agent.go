@@ -40,6 +40,14 @@ type Turn struct {
 	// context budget can use more than History holds. It reads only what
 	// is asked for.
 	MoreHistory func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error)
+	// Tools are the tools of this turn, when a Config.ToolSource listed
+	// them as the turn started; nil otherwise (the agent's own tools).
+	Tools Tools
+	// Resume, when set, is a turn that stopped at a call for a person's
+	// approval (the agent returned Suspended) and goes on from there: the
+	// agent restores Resume.State and calls that tool call again, which
+	// the journal answers by the decision, without asking the model again.
+	Resume *Resume
 }
 
 // Reply is an agent's answer.

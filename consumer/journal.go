@@ -50,12 +50,19 @@ type journal struct {
 	crash          *crasher
 	metrics        *metrics
 
+	// resume is the decided approval the turn resumes from, until its
+	// call was answered.
+	resume *schema.Resume
+
 	// mu orders a write's start against superseding: once a write has
-	// started, the turn must end with its own reply or error; once the
-	// turn is being superseded, no write starts.
+	// started (or waits for approval), the turn must end with its own
+	// reply, error or approval request; once the turn is being
+	// superseded, no write starts.
 	mu         sync.Mutex
 	wrote      bool
 	superseded bool
+	// pending is the call that waits for approval, once one does.
+	pending *pendingCall
 }
 
 // errSuperseded ends a turn that newer messages of its conversation
@@ -76,6 +83,9 @@ func (j *journal) supersede() bool {
 
 func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	tool, ok := j.tools[call.Tool]
+	if r := j.resume; r != nil && call.ID == r.ToolCallID {
+		return j.resumed(ctx, call, tool)
+	}
 	if !ok {
 		return "", fmt.Errorf("%w %q", ErrUnknownTool, call.Tool)
 	}
@@ -83,6 +93,7 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	if len(args) == 0 {
 		args = json.RawMessage(`{}`)
 	}
+	approval := tool.Effect() == EffectWrite && needsApproval(tool)
 	if tool.Effect() == EffectWrite {
 		j.mu.Lock()
 		if j.superseded {
@@ -90,31 +101,46 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 			return "", errSuperseded
 		}
 		j.wrote = true
+		if approval {
+			j.pending = &pendingCall{call: call, tool: tool, args: args}
+		}
 		j.mu.Unlock()
 	}
+	if approval {
+		// Nothing is journaled yet: the park that the agent's Suspended
+		// leads to journals the call with the approval, in one
+		// transaction.
+		return "", ErrNeedsApproval
+	}
 	inv := Invocation{
-		IdempotencyKey: IdempotencyKey(j.runID, call.ID),
+		IdempotencyKey: idempotencyKey(tool, j.runID, call.ID),
 		ConversationID: j.conversationID,
 		RunID:          j.runID,
 		Arguments:      args,
 	}
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		var err error
-		inv.OperationID, err = schema.StartOperationTx(ctx, tx, schema.Operation{
-			RunID:          j.runID,
-			ConversationID: j.conversationID,
-			ToolCallID:     call.ID,
-			Tool:           tool.Name(),
-			ToolVersion:    tool.Version(),
-			Effect:         tool.Effect(),
-			IdempotencyKey: inv.IdempotencyKey,
-			Arguments:      string(inv.Arguments),
+		inv.OperationID, _, err = schema.StartOperationHashedTx(ctx, tx, schema.Operation{
+			RunID:            j.runID,
+			ConversationID:   j.conversationID,
+			ToolCallID:       call.ID,
+			Tool:             tool.Name(),
+			ToolVersion:      tool.Version(),
+			Effect:           tool.Effect(),
+			IdempotencyKey:   inv.IdempotencyKey,
+			Arguments:        string(inv.Arguments),
+			DefinitionSHA256: definitionSHA256(tool),
 		})
 		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
 	}
+	return j.run(ctx, call, tool, inv)
+}
+
+// run sends a journaled call and journals its outcome.
+func (j *journal) run(ctx context.Context, call ToolCall, tool Tool, inv Invocation) (string, error) {
 	tctx, span := telemetry.Tracer().Start(ctx, "tool "+call.Tool,
 		trace.WithAttributes(attribute.String("baton.tool", call.Tool), attribute.String("baton.effect", string(tool.Effect())), attribute.Int64("baton.operation_id", inv.OperationID)))
 	result, callErr := tool.Call(tctx, inv)
@@ -138,4 +164,100 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	j.metrics.operations.WithLabelValues(call.Tool, "completed").Inc()
 	j.crash.at(CrashAfterTool)
 	return result, nil
+}
+
+// resumed answers the call a resumed turn stopped at: a denied or expired
+// one is not sent; an approved one is sent with exactly the arguments
+// stored when approval was asked (their hash checked again), its stored
+// idempotency key, and only under the tool definition it was approved
+// with.
+func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string, error) {
+	r := j.resume
+	j.resume = nil
+	if r.Status != schema.ApprovalApproved {
+		return "", &DeniedError{Tool: call.Tool, Status: r.Status}
+	}
+	j.mu.Lock()
+	j.wrote = true
+	j.mu.Unlock()
+	if tool == nil || tool.Name() != r.Tool || definitionSHA256(tool) != r.DefinitionSHA256 {
+		cause := "not sent: the tool changed or is not offered any more since the approval"
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
+			return "", err
+		}
+		return "", &NotSentError{Tool: call.Tool, Why: "the tool changed after it was approved; ask the user again if it is still needed"}
+	}
+	inv := Invocation{
+		OperationID:    r.OperationID,
+		IdempotencyKey: r.IdempotencyKey,
+		ConversationID: j.conversationID,
+		RunID:          j.runID,
+	}
+	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		args, err := schema.StartApprovedOperationTx(ctx, tx, j.conversationID, j.runID, r.OperationID, r.ArgumentsSHA256)
+		inv.Arguments = json.RawMessage(args)
+		return err
+	})
+	if errors.Is(err, schema.ErrArgumentsChanged) {
+		cause := "not sent: its stored arguments do not match the ones approved"
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
+			return "", err
+		}
+		return "", &NotSentError{Tool: call.Tool, Why: "its arguments are not the ones that were approved"}
+	}
+	if err != nil {
+		return "", fmt.Errorf("journal approved operation %s (%s): %w", call.ID, call.Tool, err)
+	}
+	return j.run(ctx, call, tool, inv)
+}
+
+// parkRequest is the approval request of the call that waits, for park.
+func (j *journal) parkRequest() *schema.ApprovalRequest {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	p := j.pending
+	if p == nil {
+		return nil
+	}
+	return &schema.ApprovalRequest{
+		ConversationID: j.conversationID,
+		RunID:          j.runID,
+		Operation: schema.Operation{
+			RunID:            j.runID,
+			ConversationID:   j.conversationID,
+			ToolCallID:       p.call.ID,
+			Tool:             p.tool.Name(),
+			ToolVersion:      p.tool.Version(),
+			Effect:           p.tool.Effect(),
+			IdempotencyKey:   idempotencyKey(p.tool, j.runID, p.call.ID),
+			Arguments:        string(p.args),
+			DefinitionSHA256: definitionSHA256(p.tool),
+		},
+	}
+}
+
+// pendingCall is a call that waits for approval.
+type pendingCall struct {
+	call ToolCall
+	tool Tool
+	args json.RawMessage
+}
+
+func needsApproval(t Tool) bool {
+	a, ok := t.(ApprovalTool)
+	return ok && a.NeedsApproval()
+}
+
+func definitionSHA256(t Tool) string {
+	if d, ok := t.(DefinedTool); ok {
+		return d.DefinitionSHA256()
+	}
+	return ""
+}
+
+func idempotencyKey(t Tool, runID, toolCallID string) string {
+	if k, ok := t.(KeyedTool); ok {
+		return k.IdempotencyKey(runID, toolCallID)
+	}
+	return IdempotencyKey(runID, toolCallID)
 }

@@ -72,6 +72,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	claimSpan.End()
 	var busy *schema.BusyError
 	var wait *schema.WaitError
+	var approvalWait *schema.ApprovalWaitError
 	switch {
 	case errors.As(err, &busy):
 		// Another run owns the conversation: look again once it is likely
@@ -95,6 +96,9 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		w.metrics.busy.Add(float64(len(batch)))
 		log.Debug().Msg("too many claims wait for held conversations; delaying triggers")
 		nakAll(batch, w.cfg.LockWait)
+		return
+	case errors.As(err, &approvalWait):
+		w.waitingForApproval(log, batch, approvalWait)
 		return
 	case errors.As(err, &wait):
 		// The model server asked to wait: the triggers come back when the
@@ -178,14 +182,33 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 	})
 	defer deadline.Stop()
 	stopRenewal := w.renewLease(turnCtx, cancel, log, mb, batch, claim)
-	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics}
+	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics, resume: claim.Resume}
 	stopWatch := w.watchArrivals(turnCtx, cancel, mb, claim, j)
 
 	reply, err := func() (Reply, error) {
+		var turnTools Tools
+		if w.cfg.ToolSource != nil {
+			// The turn's tools are listed once, now, and stay the same
+			// for the whole turn.
+			ts, err := w.cfg.ToolSource.TurnTools(turnCtx)
+			if err != nil {
+				return Reply{}, fmt.Errorf("list the turn's tools: %w", err)
+			}
+			turnTools = Tools{}
+			for n, t := range w.cfg.Tools {
+				turnTools[n] = t
+			}
+			for n, t := range ts {
+				turnTools[n] = t
+			}
+			j.tools = turnTools
+		}
 		w.crash.at(CrashDuringModel)
 		actx, span := telemetry.Tracer().Start(turnCtx, "agent")
 		defer span.End()
 		return w.cfg.Agent.Run(actx, Turn{
+			Tools:          turnTools,
+			Resume:         resumeOf(claim.Resume),
 			ConversationID: claim.ConversationID,
 			RunID:          claim.RunID,
 			TurnID:         claim.TurnID,
@@ -219,7 +242,10 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 		w.finalize(ctx, log, mb, batch, claim, reply)
 		return
 	}
+	var suspended *Suspended
 	switch {
+	case errors.As(err, &suspended):
+		w.park(ctx, log, batch, claim, j, suspended)
 	case errors.Is(err, errSuperseded):
 		w.supersede(ctx, log, mb, batch, claim)
 	case errors.Is(err, schema.ErrConversationDeleted):

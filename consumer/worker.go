@@ -38,6 +38,8 @@ const (
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultApprovalTTL is how long a call waits for its approval.
+	DefaultApprovalTTL = 24 * time.Hour
 	// NoDebounce commits every reply as soon as it is ready: rapid
 	// messages may get a reply each.
 	NoDebounce time.Duration = -1
@@ -69,6 +71,15 @@ type Config struct {
 	// Tools are what the agent may call, each journaled in operations.
 	// Defaults to the echo agent's lookup and notify.
 	Tools Tools
+	// ToolSource, when set, lists the tools of each turn when it starts
+	// (MCP servers'): the turn's tools are those, fixed for the turn, and
+	// the agent finds them in Turn.Tools. Defaults to none: every turn
+	// has Tools.
+	ToolSource ToolSource
+	// ApprovalTTL is how long a call may wait for a person's approval
+	// (see ApprovalTool); past it the call is denied. Defaults to 24
+	// hours.
+	ApprovalTTL time.Duration
 	// Debounce is the quiet window of a burst. A turn is claimed and its
 	// model call started as soon as a message arrives; its reply commits
 	// only once Debounce has passed since the conversation's newest
@@ -213,6 +224,9 @@ func (c Config) WithDefaults() Config {
 	if c.SessionCheckInterval == 0 {
 		c.SessionCheckInterval = DefaultSessionCheckInterval
 	}
+	if c.ApprovalTTL == 0 {
+		c.ApprovalTTL = DefaultApprovalTTL
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -253,6 +267,8 @@ func (c Config) Validate() error {
 		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
 	case c.SessionCheckInterval <= 0 && c.SessionCheckInterval != NoSession:
 		return setting.Errorf("SessionCheckInterval", c.SessionCheckInterval, "must be positive, or NoSession to leave runs to their leases")
+	case c.ApprovalTTL < time.Second:
+		return setting.Errorf("ApprovalTTL", c.ApprovalTTL, "give at least 1s: a person needs time to decide")
 	case c.Consumer.AckWait <= c.Lease/3:
 		// A turn signals progress once per renewal, every third of the
 		// lease: an ack wait shorter than that redelivers running turns.

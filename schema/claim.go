@@ -112,6 +112,9 @@ type Claim struct {
 	// TraceParents are the trace contexts the claimed rows kept (ClaimTurn
 	// only): a turn that answers several requests links their traces.
 	TraceParents []string
+	// Resume, when set, is the decided approval the turn resumes from: it
+	// claimed exactly the rows of the turn that stopped for it.
+	Resume *Resume
 }
 
 // Empty reports whether nothing was claimed: no pending rows.
@@ -174,10 +177,11 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	var owner *string
 	var expires, notBefore *time.Time
 	var expired, gone, waiting bool
+	var approvalID *int64
 	err := tx.QueryRow(ctx, `
 		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false),
-			not_before, COALESCE(not_before > now(), false)
-		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting)
+			not_before, COALESCE(not_before > now(), false), approval_id
+		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting, &approvalID)
 	if err == nil && owner != nil && !expired {
 		gone, err = runSessionGone(ctx, tx, *owner)
 	}
@@ -203,6 +207,18 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 		c.Recovered = &rec
 	} else if waiting {
 		return Claim{}, &WaitError{NotBefore: *notBefore}
+	}
+	if c.Recovered != nil {
+		// The recovery may have ended the turn that resumed an approval.
+		if err := tx.QueryRow(ctx, `SELECT approval_id FROM conversations WHERE id = $1`, p.ConversationID).Scan(&approvalID); err != nil {
+			return Claim{}, fmt.Errorf("claim: read approval: %w", err)
+		}
+	}
+	if approvalID != nil {
+		resumed, err := claimResumeTx(ctx, tx, &c, p, *approvalID)
+		if err != nil || resumed {
+			return c, err
+		}
 	}
 	limit := int64(p.MaxRows)
 	if limit <= 0 {
@@ -244,12 +260,18 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	if c.Empty() {
 		return c, nil
 	}
+	return c, takeLeaseTx(ctx, tx, &c, p)
+}
+
+// takeLeaseTx takes the conversation's lease for a claim that took rows,
+// and records its run.
+func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
 	c.TurnID = TurnID(c.OutboxIDs)
 	// clock_timestamp, not now(): the transaction may have waited for the
 	// conversation lock behind the previous run's finalize, and the record
 	// of runs must show that this one started after that one ended.
-	err = tx.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, `
 		WITH lease AS (
 			UPDATE conversations
 			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
@@ -260,9 +282,35 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 		RETURNING lease_expires_at`,
 		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker, p.Session).Scan(&c.LeaseExpiresAt)
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim: take lease and record run: %w", err)
+		return fmt.Errorf("claim: take lease and record run: %w", err)
 	}
-	return c, nil
+	return nil
+}
+
+// claimResumeTx claims the turn that stopped at the approval the
+// conversation names, once it is decided: exactly that turn's rows, with
+// the approval to resume from. A pending approval is an
+// *ApprovalWaitError. It reports false, having forgotten the approval,
+// when the stopped turn cannot resume (its rows are gone or taken): the
+// claim then goes on as usual.
+func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, approvalID int64) (bool, error) {
+	r, err := resumeTx(ctx, tx, approvalID)
+	if err != nil {
+		return false, err
+	}
+	if r != nil {
+		ok, err := claimResumeRowsTx(ctx, tx, c, p.ConversationID, r.OutboxIDs)
+		if ok {
+			c.Resume = r
+			return true, takeLeaseTx(ctx, tx, c, p)
+		}
+		_ = err // the rows say the turn cannot resume; forget the approval
+		c.OutboxIDs, c.Attempts, c.FirstCreatedAt, c.More = nil, 0, time.Time{}, false
+	}
+	if _, err := tx.Exec(ctx, `UPDATE conversations SET approval_id = NULL WHERE id = $1`, p.ConversationID); err != nil {
+		return false, fmt.Errorf("claim: forget approval: %w", err)
+	}
+	return false, nil
 }
 
 // TurnInput is the content of a claimed turn.

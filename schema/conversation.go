@@ -61,6 +61,9 @@ const (
 	TurnWaiting    TurnState = "waiting"
 	TurnProcessing TurnState = "processing"
 	TurnFailed     TurnState = "failed"
+	// TurnWaitingForApproval: the turn stopped at a call that a person
+	// must approve or deny; nothing runs until then.
+	TurnWaitingForApproval TurnState = "waiting_for_approval"
 )
 
 // Conversation is one conversation with its metadata. ID is the owner's
@@ -101,6 +104,8 @@ const conversationColumns = `
 	c.public_id, c.id, coalesce(c.run_id, ''), c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
 	CASE
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
+		WHEN c.approval_id IS NOT NULL AND EXISTS (SELECT 1 FROM approvals a WHERE a.id = c.approval_id AND a.status = 'pending')
+			THEN 'waiting_for_approval'
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending')
 			THEN CASE WHEN c.not_before > now() THEN 'waiting' ELSE 'pending' END
 		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'

@@ -68,6 +68,7 @@ type root struct {
 	Dev        devCmd        `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
 	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
 	Version    versionCmd    `cmd:"" help:"Print the version."`
+	MCP        mcpCmd        `cmd:"" name:"mcp" help:"Manage MCP tools: accept a changed tool definition."`
 }
 
 type exitSentinel struct{ code int }

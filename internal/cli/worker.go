@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -35,6 +36,7 @@ type workerCmd struct {
 	MetricsAddr     string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags      `embed:""`
 	echoFlags       `embed:""`
+	mcpFlags        `embed:""`
 }
 
 // echoFlags configure --agent echo.
@@ -95,6 +97,21 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		CrashAt:         crashAt,
 		Logger:          &log,
 		Registerer:      reg,
+		ApprovalTTL:     c.ApprovalTTL,
+	}
+	var mcpCfg *agent.MCPConfig
+	if c.mcpFlags.any() {
+		if c.Agent != "openai" {
+			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai: the echo agent calls no tools of servers")}
+		}
+		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
+		if err != nil {
+			return &UsageError{Err: err}
+		}
+		if err := mc.WithDefaults().Validate(); err != nil {
+			return settingError(c, err)
+		}
+		mcpCfg = &mc
 	}
 	cfg.SessionCheckInterval = c.SessionCheck
 	if !c.Session {
@@ -156,6 +173,15 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		cfg.Agent = a
 	}
 	cfg.Pool, cfg.JetStream = pool, js
+	if mcpCfg != nil {
+		mcpCfg.DB = pool
+		m, err := agent.NewMCP(*mcpCfg)
+		if err != nil {
+			return settingError(c, err)
+		}
+		defer m.Close()
+		cfg.ToolSource = m
+	}
 	w, err := consumer.New(cfg)
 	if err != nil {
 		return err

@@ -152,6 +152,31 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
+	if len(r.MCPServers) > 0 {
+		p("MCP SERVER\tTOOLS\tLISTED\tLAST ERROR\n")
+		for _, s := range r.MCPServers {
+			listed, failed := "-", "-"
+			if s.ListedAt != nil {
+				listed = ago(*s.ListedAt)
+			}
+			if s.ErrorAt != nil {
+				failed = ago(*s.ErrorAt) + ": " + s.Error
+			}
+			p("%s\t%d\t%s\t%s\n", s.Server, len(s.Tools), listed, failed)
+		}
+		p("\nMCP TOOL\tEFFECT\tSTATE\tLISTED\n")
+		for _, s := range r.MCPServers {
+			for _, t := range s.Tools {
+				state := "offered"
+				if t.Changed {
+					state = "changed: baton mcp accept " + s.Server + "__" + t.Tool
+				}
+				p("%s__%s\t%s\t%s\t%s\n", s.Server, t.Tool, t.Effect, state, ago(t.ListedAt))
+			}
+		}
+		p("\napprovals waiting\t%d\n\n", r.ApprovalsWaiting)
+	}
+
 	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
 	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {

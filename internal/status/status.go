@@ -81,6 +81,13 @@ type Report struct {
 	Tables []schema.TableStat `json:"tables"`
 	// SignIn is which tokens the API accepts; nil when not asked.
 	SignIn *SignIn `json:"sign_in,omitempty"`
+	// MCPServers are the MCP servers the workers listed, with their tools,
+	// each tool's effect, whether its definition changed since it was
+	// accepted (then it is not offered), and when it was last listed.
+	MCPServers []schema.MCPServerRecord `json:"mcp_servers"`
+	// ApprovalsWaiting counts the calls that wait for their user's
+	// approval.
+	ApprovalsWaiting int `json:"approvals_waiting"`
 }
 
 // Database is the PostgreSQL server the report was read from: the
@@ -226,7 +233,7 @@ var ErrStandby = errors.New("the database server is a standby (in recovery)")
 // in recovery is ErrStandby: the slot and the outbox live on the primary.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
 	o = o.WithDefaults()
-	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}}
+	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}, MCPServers: []schema.MCPServerRecord{}}
 	if err := r.gatherDatabase(ctx, db); err != nil {
 		return nil, err
 	}
@@ -240,6 +247,9 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 		return nil, err
 	}
 	r.gatherTables(ctx, db)
+	if err := r.gatherMCP(ctx, db); err != nil {
+		return nil, err
+	}
 	if js == nil {
 		r.Errors["nats"] = "NATS is not reachable"
 		r.attention("NATS is not reachable: the relay cannot publish and workers get no triggers")
@@ -250,6 +260,25 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 		r.Errors = nil
 	}
 	return r, nil
+}
+
+// gatherMCP lists the MCP servers and tools the workers recorded, and the
+// approvals that wait. A tool whose definition changed needs an
+// operator: it is not offered until accepted.
+func (r *Report) gatherMCP(ctx context.Context, db schema.Executor) error {
+	servers, err := schema.ListMCPServers(ctx, db)
+	if err != nil {
+		return err
+	}
+	r.MCPServers = servers
+	for _, s := range servers {
+		for _, t := range s.Tools {
+			if t.Changed {
+				r.attention("MCP tool %s__%s changed its definition: it is not offered until `baton mcp accept %s__%s`", s.Server, t.Tool, s.Server, t.Tool)
+			}
+		}
+	}
+	return db.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE status = 'pending'`).Scan(&r.ApprovalsWaiting)
 }
 
 func (r *Report) attention(format string, args ...any) {
