@@ -16,13 +16,14 @@ build:
 
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
-# page tests) and promtool (for the tests of the alert rules and the
-# dashboard). Nothing else is fetched.
+# page tests), promtool (for the tests of the alert rules and the
+# dashboard), psycopg and Node.js (for the producer examples); and the
+# Node example's pinned modules with npm ci. Nothing else is fetched.
 deps:
 	@./scripts/install-deps.sh postgres
 
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus
+	@./scripts/install-deps.sh postgres chromium prometheus psycopg node-examples
 
 test: test-deps
 	$(GO) vet $(PKGS)

@@ -7,8 +7,13 @@
 #   prometheus  promtool (package prometheus), which checks the alert rules
 #             and the dashboard's expressions in deploy/ and runs the
 #             alerts' tests; the server it also ships is not started
+#   psycopg   psycopg 3 for /usr/bin/python3 (package python3-psycopg), for
+#             examples/producer-python
+#   node-examples  Node.js and npm (packages nodejs, npm) when missing, then
+#             `npm ci` in examples/producer-node (its pinned pg package)
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 have_postgres() {
   command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
@@ -20,6 +25,19 @@ have_promtool() {
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
 }
+have_psycopg() {
+  /usr/bin/python3 -c 'import psycopg' >/dev/null 2>&1
+}
+have_node() {
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+}
+# The node modules of an example are current when npm installed them after
+# the last change of its lockfile.
+node_modules_current() {
+  [ -f "$1/node_modules/.package-lock.json" ] && ! [ "$1/package-lock.json" -nt "$1/node_modules/.package-lock.json" ]
+}
+
+npm_dirs=()
 
 missing=()
 for want in "${@:-postgres}"; do
@@ -27,10 +45,24 @@ for want in "${@:-postgres}"; do
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus)" >&2; exit 2 ;;
+    psycopg) have_psycopg || missing+=(python3-psycopg) ;;
+    node-examples)
+      have_node || missing+=(nodejs npm)
+      node_modules_current examples/producer-node || npm_dirs+=(examples/producer-node) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, psycopg, node-examples)" >&2; exit 2 ;;
   esac
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+npm_ci() {
+  for d in ${npm_dirs[@]+"${npm_dirs[@]}"}; do
+    echo "installing the node modules of $d (npm ci)"
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
+  done
+}
+if [ ${#missing[@]} -eq 0 ]; then
+  npm_ci
+  exit 0
+fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "missing: ${missing[*]}. Install them with your package manager (PostgreSQL 14 or later), or set BATON_DATABASE_URL / BATON_TEST_DATABASE_URL" >&2
@@ -44,3 +76,4 @@ $SUDO apt-get update -qq
 # (Baton runs its own, with logical replication on) and the prometheus
 # package from starting its server (the tests need only promtool).
 DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+npm_ci
