@@ -156,17 +156,29 @@ type DB struct {
 // replication slot in it) when t ends.
 func Database(t testing.TB) *DB {
 	t.Helper()
+	db, drop, err := NewDatabase()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(drop)
+	return db
+}
+
+// NewDatabase creates a fresh migrated database outside a test, for a
+// runnable Example, and returns it with the function that closes its pool
+// and drops it. Tests use Database.
+func NewDatabase() (db *DB, drop func(), err error) {
 	ctx := context.Background()
 	if err := startServer(); err != nil {
-		t.Fatalf("testenv: start PostgreSQL: %v", err)
+		return nil, nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	if err := prepareTemplate(ctx); err != nil {
-		t.Fatalf("testenv: prepare template database: %v", err)
+		return nil, nil, fmt.Errorf("prepare template database: %w", err)
 	}
 	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbCounter.Add(1))
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		t.Fatalf("testenv: connect: %v", err)
+		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(ctx)
 	for i := 0; ; i++ {
@@ -177,18 +189,18 @@ func Database(t testing.TB) *DB {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("testenv: create database %s: %v", name, err)
+		return nil, nil, fmt.Errorf("create database %s: %w", name, err)
 	}
 	dbURL := urlFor(adminURL, name)
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		t.Fatalf("testenv: open pool: %v", err)
+		DropDatabase(adminURL, name)
+		return nil, nil, fmt.Errorf("open pool: %w", err)
 	}
-	t.Cleanup(func() {
+	return &DB{Name: name, URL: dbURL, Pool: pool}, func() {
 		pool.Close()
 		DropDatabase(adminURL, name)
-	})
-	return &DB{Name: name, URL: dbURL, Pool: pool}
+	}, nil
 }
 
 // DropDatabase drops db with its replication slots, ignoring errors: it is
