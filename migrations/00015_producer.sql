@@ -40,19 +40,26 @@ $$;
 
 -- A server-chosen key ("c_" for a conversation, "m_" for a message): a
 -- version 7 UUID (time-ordered, so that new rows go to the right edge of
--- the primary key's index), as schema's newKey makes them.
+-- the primary key's index), as schema's newKey made them in Go. A plain
+-- SQL function without settings, so that PostgreSQL inlines it into the
+-- statements that call it (which fix their search_path) instead of
+-- parsing it again in every transaction; it names everything with its
+-- schema all the same.
 -- +goose StatementBegin
 CREATE FUNCTION baton_new_key(prefix text) RETURNS text
 LANGUAGE sql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-  SELECT prefix || encode(
-    set_bit(set_bit(
-      overlay(uuid_send(gen_random_uuid())
-              PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
-              FROM 1 FOR 6),
+  SELECT prefix OPERATOR(pg_catalog.||) pg_catalog.encode(
+    pg_catalog.set_bit(pg_catalog.set_bit(
+      pg_catalog.overlay(
+        pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+        -- the first 48 bits: milliseconds since 1970
+        pg_catalog.substring(pg_catalog.int8send(pg_catalog.floor(
+          pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::bigint), 3),
+        1, 6),
+      -- version 4 (0100) becomes 7 (0111)
       52, 1), 53, 1),
-    'hex')::uuid::text
+    'hex')::pg_catalog.uuid::pg_catalog.text
 $$;
 -- +goose StatementEnd
 
@@ -253,9 +260,12 @@ CREATE FUNCTION baton_create_conversation(user_id text, conversation_id text, ti
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+  created record;
 BEGIN
-  SELECT r.conversation_key, r.existed INTO conversation_key, existed
-  FROM public.baton_create_conversation_for_owner(public.baton_producer_user(user_id, true), conversation_id, title) r;
+  created := public.baton_create_conversation_for_owner(public.baton_producer_user(user_id, true), conversation_id, title);
+  conversation_key := created.conversation_key;
+  existed := created.existed;
 END
 $$;
 -- +goose StatementEnd
@@ -266,11 +276,15 @@ CREATE FUNCTION baton_send_message(user_id text, conversation_id text, message_i
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+  sent record;
 BEGIN
   -- A user Baton does not know has no conversation: the answer is PB010,
-  -- and no user is made.
-  SELECT r.message_key, r.existed INTO message_key, existed
-  FROM public.baton_send_message_for_owner(public.baton_producer_user(user_id, false), conversation_id, message_id, content, NULL) r;
+  -- and no user is made. (An assignment, not a SELECT: PostgreSQL calls the
+  -- function directly rather than through a query.)
+  sent := public.baton_send_message_for_owner(public.baton_producer_user(user_id, false), conversation_id, message_id, content, NULL);
+  message_key := sent.message_key;
+  existed := sent.existed;
 END
 $$;
 -- +goose StatementEnd
