@@ -423,21 +423,17 @@ func producerContract(t *testing.T, s *stack, e example) {
 		code, what, stdin string
 		args              []string
 	}{
-		{"PB001", "an empty user id", "", []string{"send", "", "welcome", "e1", "x"}},
 		{"PB001", "a user id with a control character", "", []string{"start", "bad\x01user", "welcome"}},
-		{"PB001", "a user id over 1000 characters", "", []string{"start", strings.Repeat("u", 1001), "welcome"}},
 		{"PB002", "a conversation id that starts with a space", "", []string{"send", user, " welcome", "e2", "x"}},
-		{"PB002", "a conversation id over 200 characters", "", []string{"start", user, strings.Repeat("c", 201)}},
 		{"PB003", "a message id with a newline", "", []string{"send", user, "welcome", "e\n3", "x"}},
 		{"PB004", "empty content", "", []string{"send", user, "welcome", "e4", ""}},
 		{"PB005", "content over 1 MiB", strings.Repeat("x", 1<<20+1), []string{"send", user, "welcome", "e5", "-"}},
 		{"PB006", "a title over 500 characters", "", []string{"start", user, "long", strings.Repeat("t", 501)}},
 		{"PB010", "a conversation the user does not have", "", []string{"send", user, "never-started", "e6", "x"}},
-		{"PB010", "a user Baton does not know", "", []string{"send", "nobody-" + e.name, "welcome", "e7", "x"}},
 		{"PB011", "a message id used for other content", "", []string{"send", user, "welcome", "m1", "other"}},
 		{"PB011", "a message id used in another conversation", "", []string{"send", user, "burst", "m1", "hello"}},
 	} {
-		others := []string{"", "bad\x01user", strings.Repeat("u", 1001), "nobody-" + e.name}
+		others := []string{"bad\x01user"}
 		before := s.rows(t, user, others...)
 		stderr := e.fail(t, s, tc.stdin, tc.args...)
 		require.True(t, strings.HasPrefix(stderr, tc.code+": "), "%s: want SQLSTATE %s first on stderr, got %q", tc.what, tc.code, stderr)

@@ -23,9 +23,10 @@
 --   PB002 bad conversation id   PB005 content too large   PB011 conflict: the message id
 --   PB003 bad message id        PB006 bad title                 was used for something else
 --
--- Functions name every table with its schema and run with a search_path
--- of pg_catalog alone, so no object of another schema (or a temporary one)
--- can stand in for Baton's. Baton's tables are in schema public, where
+-- The functions name every table with its schema, and those that run
+-- statements fix their search_path to pg_catalog (and pg_temp last), so
+-- no object of another schema, or a temporary one, can stand in for
+-- Baton's. Baton's tables are in schema public, where
 -- deploy/postgres/roles.sql lets only the migrator create anything.
 -- +goose StatementBegin
 DO $$
@@ -40,10 +41,10 @@ $$;
 
 -- A server-chosen key ("c_" for a conversation, "m_" for a message): a
 -- version 7 UUID (time-ordered, so that new rows go to the right edge of
--- the primary key's index), as schema's newKey made them in Go. A plain
--- SQL function without settings, so that PostgreSQL inlines it into the
--- statements that call it (which fix their search_path) instead of
--- parsing it again in every transaction; it names everything with its
+-- the primary key's index), of the form the keys had when Go chose them.
+-- A plain SQL function without settings, so that PostgreSQL inlines it
+-- into the statements that call it (which fix their search_path) instead
+-- of parsing it again in every transaction; it names everything with its
 -- schema all the same.
 -- +goose StatementBegin
 CREATE FUNCTION baton_new_key(prefix text) RETURNS text
