@@ -17,17 +17,18 @@ build:
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
 # page tests), promtool (for the tests of the alert rules and the
-# dashboard) and Node.js with npm (for the real clients, servers and
-# example apps some tests run, whose packages test-deps installs).
+# dashboard), psycopg (for the Python producer example) and Node.js with
+# npm (for the real clients, servers and example apps some tests run,
+# whose packages test-deps installs).
 deps:
 	@./scripts/install-deps.sh postgres
 
 # Folders whose npm packages the tests use (real clients and servers, the
 # example apps), installed from the lockfile beside each, again only when
 # the lockfile changed.
-NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything
+NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything examples/producer-node
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus chaos node tour
+	@./scripts/install-deps.sh postgres chromium prometheus chaos node psycopg tour
 	@for d in $(NPM_DIRS); do \
 		[ $$d/node_modules/.package-lock.json -nt $$d/package-lock.json ] || \
 		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
@@ -74,12 +75,12 @@ dev: deps build
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
 # processes that limit a figure.
 BENCH_REPORT ?= bin/bench-report.jsonl
-BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkRelayDrain|BenchmarkRelayLatency'
+BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
 	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
-		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ || status=$$?; \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ ./schema/ || status=$$?; \
 	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
 	exit $$status
 

@@ -23,6 +23,7 @@ import (
 	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // DefaultMaxContentBytes is the default limit on a message's content.
@@ -33,7 +34,8 @@ type Config struct {
 	// Pool is the PostgreSQL pool. Required.
 	Pool *pgxpool.Pool
 	// MaxContentBytes limits the content of one message, in bytes; larger
-	// messages get 413. Defaults to 64 KiB.
+	// messages get 413. At most schema.MaxContentBytes (1 MiB), the bound
+	// of every producer. Defaults to 64 KiB.
 	MaxContentBytes int
 	// Log receives request errors. Defaults to a no-op logger.
 	Log zerolog.Logger
@@ -135,8 +137,8 @@ func setDefault[T int | time.Duration](v *T, def T) {
 // line can check its flags before it connects. It expects defaults
 // applied (WithDefaults).
 func (c Config) Validate() error {
-	if c.MaxContentBytes < 1 {
-		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be at least 1")
+	if c.MaxContentBytes < 1 || c.MaxContentBytes > schema.MaxContentBytes {
+		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be 1 to %d bytes (the bound of every producer, 1 MiB)", schema.MaxContentBytes)
 	}
 	for _, d := range []struct {
 		field string

@@ -8,7 +8,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,7 +18,9 @@ const MaxIDLength = 200
 // characters of valid UTF-8 without control characters and without
 // leading or trailing whitespace (which does not survive NATS headers and
 // is never what a user meant). Dots, '*', '>', inner spaces and non-ASCII
-// letters are allowed.
+// letters are allowed. The producer functions hold ids to the same rules
+// in SQL (baton_check_id, migration 00015); this lets a caller answer a bad
+// id before it reaches the database.
 func ValidateID(kind, id string) error {
 	if id == "" {
 		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
@@ -41,12 +42,6 @@ func ValidateID(kind, id string) error {
 		return fmt.Errorf("%s id %q starts or ends with whitespace: remove it", kind, id)
 	}
 	return nil
-}
-
-// newKey returns a key that no client chooses, for a conversation ("c_")
-// or a message ("m_"): time-ordered, ASCII, one valid NATS subject token.
-func newKey(prefix string) string {
-	return prefix + uuid.Must(uuid.NewV7()).String()
 }
 
 // TurnState is the state of a conversation's work, derived from its outbox
@@ -85,19 +80,20 @@ type Conversation struct {
 // CreateConversation creates a conversation owned by ownerID under the
 // owner's id for it. Creating an existing conversation of the same owner
 // again is not an error (created is false). Ids are per owner: another
-// owner's conversation of the same id is a different conversation.
+// owner's conversation of the same id is a different conversation. A bad
+// id, or a title over MaxTitleLength, is ErrInvalid and creates nothing.
+//
+// It is one call of the SQL function baton_create_conversation_for_owner
+// (migration 00015), which the SQL producer's baton_create_conversation
+// calls too.
 func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
-	if err := ValidateID("conversation", id); err != nil {
-		return Conversation{}, false, err
-	}
-	tag, err := db.Exec(ctx, `
-		INSERT INTO conversations (id, public_id, owner_id, title) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (owner_id, public_id) DO NOTHING`, newKey("c_"), id, ownerID, title)
+	var existed bool
+	err = db.QueryRow(ctx, `SELECT existed FROM baton_create_conversation_for_owner($1, $2, $3)`, ownerID, id, title).Scan(&existed)
 	if err != nil {
-		return Conversation{}, false, fmt.Errorf("create conversation: %w", err)
+		return Conversation{}, false, producerError("create conversation", err)
 	}
 	c, err = GetConversation(ctx, db, ownerID, id)
-	return c, tag.RowsAffected() == 1, err
+	return c, !existed, err
 }
 
 const conversationColumns = `

@@ -11,6 +11,8 @@
 #             drops the links of its network namespaces
 #   node      Node.js and npm (packages nodejs, npm), which run the
 #             example apps and the real clients and servers some tests use
+#   psycopg   psycopg 3 for /usr/bin/python3 (package python3-psycopg), for
+#             examples/producer-python
 #   tour      curl and ip (packages curl, iproute2), with which the test of
 #             the README's tour runs its commands in a network of its own
 # NATS runs embedded and needs nothing here.
@@ -29,6 +31,9 @@ have_nft() {
 have_node() {
   command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }
+have_psycopg() {
+  /usr/bin/python3 -c 'import psycopg' >/dev/null 2>&1
+}
 have_tour() {
   command -v curl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1
 }
@@ -44,8 +49,9 @@ for want in "${@:-postgres}"; do
     prometheus) have_promtool || missing+=(prometheus) ;;
     chaos) have_nft || missing+=(nftables) ;;
     node) have_node || missing+=(nodejs npm) ;;
+    psycopg) have_psycopg || missing+=(python3-psycopg) ;;
     tour) have_tour || missing+=(curl iproute2) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, tour)" >&2; exit 2 ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, psycopg, tour)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -14,6 +14,7 @@ import (
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/internal/config"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // httpOptions are the API server's own settings.
@@ -60,8 +61,8 @@ func (o httpOptions) validate() error {
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
 		return fmt.Errorf("--http-addr / BATON_HTTP_ADDR %q is not host:port (for example 127.0.0.1:8080)", o.HTTPAddr)
 	}
-	if o.MaxContentBytes < 1 {
-		return fmt.Errorf("--max-content-bytes / BATON_MAX_CONTENT_BYTES must be at least 1, not %d", o.MaxContentBytes)
+	if o.MaxContentBytes < 1 || o.MaxContentBytes > schema.MaxContentBytes {
+		return fmt.Errorf("--max-content-bytes / BATON_MAX_CONTENT_BYTES must be 1 to %d (1 MiB, the bound of every producer), not %d", schema.MaxContentBytes, o.MaxContentBytes)
 	}
 	return nil
 }
