@@ -78,11 +78,16 @@ $$;
 INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
   ('worker_session_seq', 'baton_worker', 'USAGE', NULL, 'a worker numbers its session at start'),
   ('worker_session_epochs', 'baton_worker', 'SELECT', NULL, 'baton_run_session_gone: whether free locks count on this server'),
-  ('worker_session_epochs', 'baton_worker', 'INSERT', NULL, 'baton_take_worker_session records the first lock taken on a server');
+  ('worker_session_epochs', 'baton_worker', 'INSERT', NULL, 'baton_take_worker_session records the first lock taken on a server'),
+  ('baton_take_worker_session', 'baton_worker', 'EXECUTE', NULL, 'TakeWorkerSession at start and after every reconnection'),
+  ('baton_worker_sessions_trusted', 'baton_worker', 'EXECUTE', NULL, 'RecoverOrphanedTx, through baton_run_session_gone in the claims'),
+  ('baton_worker_sessions_held', 'baton_worker', 'EXECUTE', NULL, 'RecoverOrphanedTx, through baton_run_session_gone in the claims'),
+  ('baton_run_session_gone', 'baton_worker', 'EXECUTE', NULL, 'ClaimTx and ClaimTurns take over a gone worker''s conversation');
 SELECT baton_apply_grants();
 
 -- +goose Down
-DELETE FROM baton_grants WHERE object IN ('worker_session_seq', 'worker_session_epochs');
+DELETE FROM baton_grants WHERE object IN ('worker_session_seq', 'worker_session_epochs', 'baton_take_worker_session',
+  'baton_worker_sessions_trusted', 'baton_worker_sessions_held', 'baton_run_session_gone');
 DROP FUNCTION baton_run_session_gone(text);
 DROP FUNCTION baton_worker_sessions_held();
 DROP FUNCTION baton_worker_sessions_trusted();
