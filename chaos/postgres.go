@@ -52,14 +52,14 @@ func (s *system) startPostgresPair(ctx context.Context) error {
 	settings := maps.Clone(pgSettings)
 	// The processes reach the servers from their namespaces, through the
 	// harness's link to the run's network.
-	settings["listen_addresses"] = "127.0.0.1," + s.net.hostIP()
+	settings["listen_addresses"] = "127.0.0.1," + s.net.HostIP()
 	pg, err := pgcluster.New(pgcluster.Options{
 		Dir:      filepath.Join(s.dir, name),
 		Port:     ports[0],
 		LogFile:  filepath.Join(s.logs, name+".log"),
 		Durable:  false,
 		Settings: settings,
-		HBA:      []string{"host all postgres " + s.net.cidr() + " trust"},
+		HBA:      []string{"host all postgres " + s.net.CIDR() + " trust"},
 	})
 	if err != nil {
 		return err

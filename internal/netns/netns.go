@@ -1,4 +1,10 @@
-package chaos
+// Package netns gives the fault tests a network of their own, made of
+// Linux network namespaces: each process runs in a namespace with one
+// address and one link (a veth pair) to a bridge that the test controls,
+// so that a link can be taken down, cut from some addresses, or made to
+// lose packets, while every process stays alive. It needs root, ip and
+// nft; New says which is missing.
+package netns
 
 import (
 	"bytes"
@@ -9,15 +15,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
-// network is the run's own network, made of Linux network namespaces:
+// Network is a test's own network, made of Linux network namespaces:
 // every NATS node, relay, worker and the API runs in a namespace of its
 // own, with one address, joined to a bridge by a link (a veth pair) that
-// the harness controls. The bridge lives in a namespace of its own too
-// (the hub), which one more link joins to the harness's namespace, where
-// PostgreSQL runs and the harness drives the load. Nothing is routed out:
+// the test controls. The bridge lives in a namespace of its own too
+// (the hub), which one more link joins to the test's namespace, where
+// PostgreSQL runs and the test drives the load. Nothing is routed out:
 // the addresses come from 198.18.0.0/15, the range set aside for
 // benchmark networks, and the bridge has no uplink.
 //
@@ -25,48 +32,55 @@ import (
 // either end, so close, which deletes every namespace the run made, leaves
 // nothing behind. A run that was killed before it could close is cleaned
 // up by the next one: every namespace's name carries the process id of
-// the harness that made it.
-type network struct {
-	// id names the run's namespaces (baton-chaos-<pid>-...).
+// the test that made it.
+type Network struct {
+	// id names the network's namespaces (baton-net-<pid>-<k>-...).
 	id     string
 	subnet int // the third byte of 198.18.<subnet>.0/24
-	// hostIf is the harness's end of its link to the hub.
+	// hostIf is the test's end of its link to the hub.
 	hostIf string
 
 	mu    sync.Mutex
-	nodes []*netNode
+	nodes []*Node
 	made  []string // namespaces made, hub first
 	next  int      // last host byte handed out
 }
 
-// netNode is one process's namespace and its link to the bridge.
-type netNode struct {
-	name string // the process's name, such as worker1
-	ns   string
-	ip   string
+// Node is one process's namespace and its link to the bridge.
+type Node struct {
+	// Name is the process's name, such as worker1.
+	Name string
+	// NS is the namespace's name, for ip netns exec.
+	NS string
+	// IP is the node's address.
+	IP string
 	// link is the hub's end of the node's link, on the bridge.
 	link string
 }
 
-const netnsPrefix = "baton-chaos-"
+const netnsPrefix = "baton-net-"
 
-// errNotRoot is why a harness that is not root cannot run.
-var errNotRoot = errors.New("the kill test needs root: it runs every process in a network namespace of its own (ip netns) to cut, slow and drop their links; run it as root")
+// made counts the networks this process made, to name each apart.
+var made atomic.Int64
 
-// newNetwork makes the hub and the harness's link to it. It fails, saying
-// what is missing, when the harness is not root or lacks ip or nft.
-func newNetwork() (*network, error) {
+// ErrNotRoot is why a test that is not root cannot make its network.
+var ErrNotRoot = errors.New("network faults need root: the processes run in network namespaces of their own (ip netns) so that their links can be cut, slowed and made to drop packets; run as root")
+
+// New makes the hub and the test's link to it. It fails, saying
+// what is missing, when the test is not root or lacks ip or nft.
+func New() (*Network, error) {
 	if os.Geteuid() != 0 {
-		return nil, errNotRoot
+		return nil, ErrNotRoot
 	}
 	for _, tool := range []string{"ip", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("the kill test needs %s to make and cut its network (install it: scripts/install-deps.sh chaos): %w", tool, err)
+			return nil, fmt.Errorf("network faults need %s to make and cut the network (install it: scripts/install-deps.sh chaos): %w", tool, err)
 		}
 	}
 	cleanStaleNamespaces()
 	pid := os.Getpid()
-	n := &network{id: fmt.Sprintf("%s%d", netnsPrefix, pid), hostIf: fmt.Sprintf("bc%d", pid)}
+	k := made.Add(1)
+	n := &Network{id: fmt.Sprintf("%s%d-%d", netnsPrefix, pid, k), hostIf: hostLink(pid, k)}
 	// A subnet no other run on this machine uses now.
 	used := map[int]bool{}
 	if out, err := exec.Command("ip", "-o", "-4", "addr", "show").Output(); err == nil {
@@ -97,44 +111,44 @@ func newNetwork() (*network, error) {
 		{"-n", hub, "link", "set", "lo", "up"},
 		{"link", "add", n.hostIf, "type", "veth", "peer", "name", "host", "netns", hub},
 		{"-n", hub, "link", "set", "host", "master", "br0", "up"},
-		{"addr", "add", n.hostIP() + "/24", "dev", n.hostIf},
+		{"addr", "add", n.HostIP() + "/24", "dev", n.hostIf},
 		{"link", "set", n.hostIf, "up"},
 	}
 	n.made = append(n.made, hub)
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {
-			n.close()
+			n.Close()
 			return nil, err
 		}
 	}
 	return n, nil
 }
 
-// hostIP is the harness's address, where PostgreSQL listens for the
+// HostIP is the test's address, where PostgreSQL listens for the
 // processes.
-func (n *network) hostIP() string { return fmt.Sprintf("198.18.%d.1", n.subnet) }
+func (n *Network) HostIP() string { return fmt.Sprintf("198.18.%d.1", n.subnet) }
 
-// cidr is the run's subnet.
-func (n *network) cidr() string { return fmt.Sprintf("198.18.%d.0/24", n.subnet) }
+// CIDR is the run's subnet.
+func (n *Network) CIDR() string { return fmt.Sprintf("198.18.%d.0/24", n.subnet) }
 
-// add makes a namespace for the process name, with its link to the bridge.
-func (n *network) add(name string) (*netNode, error) {
+// Add makes a namespace for the process name, with its link to the bridge.
+func (n *Network) Add(name string) (*Node, error) {
 	n.mu.Lock()
 	n.next++
 	i := n.next
 	n.mu.Unlock()
-	node := &netNode{name: name, ns: n.id + "-" + name, ip: fmt.Sprintf("198.18.%d.%d", n.subnet, 10+i), link: fmt.Sprintf("n%d", i)}
+	node := &Node{Name: name, NS: n.id + "-" + name, IP: fmt.Sprintf("198.18.%d.%d", n.subnet, 10+i), link: fmt.Sprintf("n%d", i)}
 	hub := n.id + "-hub"
 	n.mu.Lock()
-	n.made = append(n.made, node.ns)
+	n.made = append(n.made, node.NS)
 	n.mu.Unlock()
 	for _, s := range [][]string{
-		{"netns", "add", node.ns},
-		{"-n", node.ns, "link", "set", "lo", "up"},
-		{"-n", hub, "link", "add", node.link, "type", "veth", "peer", "name", "eth0", "netns", node.ns},
+		{"netns", "add", node.NS},
+		{"-n", node.NS, "link", "set", "lo", "up"},
+		{"-n", hub, "link", "add", node.link, "type", "veth", "peer", "name", "eth0", "netns", node.NS},
 		{"-n", hub, "link", "set", node.link, "master", "br0", "up"},
-		{"-n", node.ns, "addr", "add", node.ip + "/24", "dev", "eth0"},
-		{"-n", node.ns, "link", "set", "eth0", "up"},
+		{"-n", node.NS, "addr", "add", node.IP + "/24", "dev", "eth0"},
+		{"-n", node.NS, "link", "set", "eth0", "up"},
 	} {
 		if err := ipCmd(s...); err != nil {
 			return nil, fmt.Errorf("namespace of %s: %w", name, err)
@@ -146,15 +160,15 @@ func (n *network) add(name string) (*netNode, error) {
 	return node, nil
 }
 
-// command runs bin with args in the node's namespace: ip netns exec
+// Command runs bin with args in the node's namespace: ip netns exec
 // execs the program, so the process is bin itself, with its own pid.
-func (node *netNode) command(bin string, args ...string) (string, []string) {
-	return "ip", append([]string{"netns", "exec", node.ns, bin}, args...)
+func (node *Node) Command(bin string, args ...string) (string, []string) {
+	return "ip", append([]string{"netns", "exec", node.NS, bin}, args...)
 }
 
-// setLink takes the node's link down or up: with it down, nothing reaches
+// SetLink takes the node's link down or up: with it down, nothing reaches
 // the node or leaves it, and its connections see silence, not a refusal.
-func (n *network) setLink(node *netNode, up bool) error {
+func (n *Network) SetLink(node *Node, up bool) error {
 	state := "down"
 	if up {
 		state = "up"
@@ -162,10 +176,10 @@ func (n *network) setLink(node *netNode, up bool) error {
 	return ipCmd("-n", n.id+"-hub", "link", "set", node.link, state)
 }
 
-// filter replaces the node's packet filter (nftables, in the node's
+// Filter replaces the node's packet filter (nftables, in the node's
 // namespace) with rules, each an nft rule of the input or output chain
 // ("in ..." or "out ..."); no rules heals it.
-func (node *netNode) filter(rules ...string) error {
+func (node *Node) Filter(rules ...string) error {
 	var b strings.Builder
 	b.WriteString("table inet chaos\ndelete table inet chaos\n")
 	if len(rules) > 0 {
@@ -184,17 +198,17 @@ func (node *netNode) filter(rules ...string) error {
 		}
 		b.WriteString("  }\n}\n")
 	}
-	cmd := exec.Command("ip", "netns", "exec", node.ns, "nft", "-f", "-")
+	cmd := exec.Command("ip", "netns", "exec", node.NS, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft in %s: %w: %s", node.ns, err, bytes.TrimSpace(out))
+		return fmt.Errorf("nft in %s: %w: %s", node.NS, err, bytes.TrimSpace(out))
 	}
 	return nil
 }
 
-// cutFrom drops every packet between the node and the addresses, on the
+// CutFrom drops every packet between the node and the addresses, on the
 // ports given (every port when none), both ways.
-func cutFrom(ips []string, ports ...int) []string {
+func CutFrom(ips []string, ports ...int) []string {
 	set := "{ " + strings.Join(ips, ", ") + " }"
 	if len(ports) == 0 {
 		return []string{"in ip saddr " + set + " drop", "out ip daddr " + set + " drop"}
@@ -207,9 +221,9 @@ func cutFrom(ips []string, ports ...int) []string {
 	return []string{"in ip saddr " + set + " tcp sport " + pset + " drop", "out ip daddr " + set + " tcp dport " + pset + " drop"}
 }
 
-// loss drops percent of the packets in the given direction ("in", "out"
+// Loss drops percent of the packets in the given direction ("in", "out"
 // or both).
-func loss(percent int, directions ...string) []string {
+func Loss(percent int, directions ...string) []string {
 	var out []string
 	for _, d := range directions {
 		out = append(out, fmt.Sprintf("%s numgen random mod 100 < %d drop", d, percent))
@@ -217,8 +231,8 @@ func loss(percent int, directions ...string) []string {
 	return out
 }
 
-// close deletes every namespace the run made, and with them every link.
-func (n *network) close() {
+// Close deletes every namespace the run made, and with them every link.
+func (n *Network) Close() {
 	n.mu.Lock()
 	made := n.made
 	n.made = nil
@@ -226,7 +240,7 @@ func (n *network) close() {
 	for i := len(made) - 1; i >= 0; i-- {
 		_ = ipCmd("netns", "delete", made[i])
 	}
-	// The harness's end goes with the hub's; this only reports a leftover.
+	// The test's end goes with the hub's; this only reports a leftover.
 	_ = exec.Command("ip", "link", "delete", n.hostIf).Run()
 }
 
@@ -249,11 +263,18 @@ func cleanStaleNamespaces() {
 			continue
 		}
 		_ = ipCmd("netns", "delete", name)
-		if strings.HasSuffix(name, "-hub") {
-			_ = exec.Command("ip", "link", "delete", fmt.Sprintf("bc%d", pid)).Run()
+		if hub, ok := strings.CutSuffix(rest, "-hub"); ok {
+			_, kText, _ := strings.Cut(hub, "-")
+			if k, err := strconv.ParseInt(kText, 10, 64); err == nil {
+				_ = exec.Command("ip", "link", "delete", hostLink(pid, k)).Run()
+			}
 		}
 	}
 }
+
+// hostLink names the test's end of the link to the hub of network k of
+// process pid (at most 15 characters, as the kernel requires).
+func hostLink(pid int, k int64) string { return fmt.Sprintf("bc%dn%d", pid, k) }
 
 func processAlive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
