@@ -93,6 +93,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		MaxTurnMessages: c.MaxTurnMessages,
 		TurnTimeout:     c.TurnTimeout,
 		CrashAt:         crashAt,
+		PauseAt:         os.Getenv(consumer.PauseEnv),
 		Logger:          &log,
 		Registerer:      reg,
 	}
