@@ -19,6 +19,7 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 	var node *netns.Node
 	var rules []string
 	linkDown := false
+	var delay time.Duration
 	var natsIPs []string
 	for _, n := range s.nats {
 		natsIPs = append(natsIPs, n.node.IP)
@@ -73,11 +74,12 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		node = s.api.node
 		rules = netns.CutFrom(natsIPs)
 		r.note = "the API cut from NATS"
-	case FaultLinkLoss:
+	case FaultLinkDelay:
 		node = in.lossTarget()
 		rules = netns.Loss(5, "in", "out")
+		delay = linkDelay
 		hold = time.Duration(8000+in.rng.IntN(4000)) * time.Millisecond
-		r.note = "5% of packets dropped both ways"
+		r.note = fmt.Sprintf("every packet held %s each way and 5%% dropped both ways", linkDelay)
 	case FaultOneWayLoss:
 		node = in.lossTarget()
 		rules = netns.Loss(50, "in")
@@ -86,13 +88,18 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 	}
 	r.target = node.Name
 	var err error
+	var delayed *netns.Delay
 	if linkDown {
 		err = s.net.SetLink(node, false)
 	} else {
 		err = node.Filter(rules...)
 	}
+	if err == nil && delay > 0 {
+		delayed, err = node.Delay(delay)
+	}
 	r.at = time.Now()
 	if err != nil {
+		_ = node.Filter()
 		r.failed = true
 		r.note += "; COULD NOT SPOIL THE LINK: " + firstLine(err.Error())
 		return
@@ -102,6 +109,11 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		err = s.net.SetLink(node, true)
 	} else {
 		err = node.Filter()
+	}
+	if delayed != nil {
+		if derr := delayed.Stop(); err == nil {
+			err = derr
+		}
 	}
 	r.healed = time.Now()
 	if err != nil {
@@ -116,6 +128,9 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		}
 	}
 }
+
+// linkDelay is how long link_delay holds each packet, each way.
+const linkDelay = 200 * time.Millisecond
 
 // lossTarget is a NATS node or a worker, at random.
 func (in *injector) lossTarget() *netns.Node {

@@ -8,7 +8,9 @@
 #             and the dashboard's expressions in deploy/ and runs the
 #             alerts' tests; the server it also ships is not started
 #   chaos     nft (package nftables), with which the kill test cuts and
-#             drops the links of its network namespaces
+#             drops the links of its network namespaces, and iptables
+#             (package iptables), whose NFQUEUE target hands a delayed
+#             link's packets to the test to hold
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -22,6 +24,9 @@ have_promtool() {
 have_nft() {
   command -v nft >/dev/null 2>&1
 }
+have_iptables() {
+  command -v iptables >/dev/null 2>&1
+}
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
 }
@@ -32,7 +37,7 @@ for want in "${@:-postgres}"; do
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
-    chaos) have_nft || missing+=(nftables) ;;
+    chaos) have_nft || missing+=(nftables); have_iptables || missing+=(iptables) ;;
     *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos)" >&2; exit 2 ;;
   esac
 done

@@ -12,11 +12,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Network is a test's own network, made of Linux network namespaces:
@@ -67,12 +70,13 @@ var made atomic.Int64
 var ErrNotRoot = errors.New("network faults need root: the processes run in network namespaces of their own (ip netns) so that their links can be cut, slowed and made to drop packets; run as root")
 
 // New makes the hub and the test's link to it. It fails, saying
-// what is missing, when the test is not root or lacks ip or nft.
+// what is missing, when the test is not root or lacks ip, nft or
+// iptables.
 func New() (*Network, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	for _, tool := range []string{"ip", "nft"} {
+	for _, tool := range []string{"ip", "nft", "iptables"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("network faults need %s to make and cut the network (install it: scripts/install-deps.sh chaos): %w", tool, err)
 		}
@@ -164,6 +168,42 @@ func (n *Network) Add(name string) (*Node, error) {
 // execs the program, so the process is bin itself, with its own pid.
 func (node *Node) Command(bin string, args ...string) (string, []string) {
 	return "ip", append([]string{"netns", "exec", node.NS, bin}, args...)
+}
+
+// Do runs f on a thread that has entered the node's namespace: a socket
+// f makes belongs to the namespace, whichever thread uses it later.
+func (node *Node) Do(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		// If the thread cannot come back to its namespace, it stays
+		// locked and ends with this goroutine.
+		runtime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer self.Close()
+		target, err := os.Open("/var/run/netns/" + node.NS)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("enter %s: %w", node.NS, err)
+			return
+		}
+		err = f()
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
 }
 
 // SetLink takes the node's link down or up: with it down, nothing reaches
