@@ -221,7 +221,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"),
 		"api", "--database-url", s.procDBURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
 		// One user sends the whole load, far above what one person types.
-		"--messages-per-minute", "1000000", "--message-burst", "100000")
+		"--messages-per-minute", "1000000", "--message-burst", "100000",
+		// The one user holds the load's live event streams, three dozen.
+		"--max-streams-per-user", "64")
 	s.api.node = apiNode
 	if err := s.api.supervise(); err != nil {
 		return s, err
