@@ -1,9 +1,9 @@
 // Package netns gives the fault tests a network of their own, made of
 // Linux network namespaces: each process runs in a namespace with one
 // address and one link (a veth pair) to a bridge that the test controls,
-// so that a link can be taken down, cut from some addresses, or made to
-// lose packets, while every process stays alive. It needs root, ip and
-// nft; New says which is missing.
+// so that a link can be taken down, cut from some addresses, made to
+// lose packets or delayed (delay.go), while every process stays alive. It
+// needs root, ip, nft and iptables; New says which is missing.
 package netns
 
 import (
@@ -23,16 +23,17 @@ import (
 )
 
 // Network is a test's own network, made of Linux network namespaces:
-// every NATS node, relay, worker and the API runs in a namespace of its
-// own, with one address, joined to a bridge by a link (a veth pair) that
-// the test controls. The bridge lives in a namespace of its own too
-// (the hub), which one more link joins to the test's namespace, where
-// PostgreSQL runs and the test drives the load. Nothing is routed out:
+// each process of the test (in the kill test every NATS node, relay,
+// worker and the API) runs in a namespace of its own, with one address,
+// joined to a bridge by a link (a veth pair) that the test controls. The
+// bridge lives in a namespace of its own too (the hub), which one more
+// link joins to the test's namespace, where the servers the processes
+// share (PostgreSQL) run and the test drives the load. Nothing is routed out:
 // the addresses come from 198.18.0.0/15, the range set aside for
 // benchmark networks, and the bridge has no uplink.
 //
 // Deleting a namespace deletes its end of every link, and a link goes with
-// either end, so close, which deletes every namespace the run made, leaves
+// either end, so Close, which deletes every namespace the run made, leaves
 // nothing behind. A run that was killed before it could close is cleaned
 // up by the next one: every namespace's name carries the process id of
 // the test that made it.
