@@ -263,6 +263,11 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.closing:
 			end(endClosing)
 			return
+		case <-l.gone:
+			// The events stream was made anew: the client connects
+			// again and, its Last-Event-ID being from the old stream,
+			// is told to reload.
+			return
 		case e := <-l.events:
 			if err := deliver(e); err != nil {
 				return

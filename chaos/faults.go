@@ -47,7 +47,7 @@ const (
 	FaultRelayCutPostgres  FaultKind = "relay_cut_postgres"
 	FaultWorkerCutPostgres FaultKind = "worker_cut_postgres"
 	FaultAPICutNATS        FaultKind = "api_cut_nats"
-	FaultLinkLoss          FaultKind = "link_loss"
+	FaultLinkDelay         FaultKind = "link_delay"
 	FaultOneWayLoss        FaultKind = "oneway_loss"
 )
 
@@ -61,14 +61,14 @@ var AllFaults = []FaultKind{
 	FaultPostgresFailover, FaultStandbyPause,
 	FaultStreamWipe,
 	FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
-	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkLoss, FaultOneWayLoss,
+	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss,
 }
 
 // NetworkFaults are the kinds that cut or spoil links rather than kill
 // processes.
 var NetworkFaults = []FaultKind{
 	FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
-	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkLoss, FaultOneWayLoss,
+	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss,
 }
 
 // ExtraFaults run only when a plan names them; no default schedule has
@@ -130,7 +130,7 @@ var faultWeights = map[FaultKind]int{
 	FaultRelayCutPostgres:         1,
 	FaultWorkerCutPostgres:        2,
 	FaultAPICutNATS:               1,
-	FaultLinkLoss:                 1,
+	FaultLinkDelay:                1,
 	FaultOneWayLoss:               1,
 }
 
@@ -328,7 +328,7 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 	case FaultStandbyPause:
 		in.pauseStandby(ctx, &r)
 	case FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
-		FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkLoss, FaultOneWayLoss:
+		FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss:
 		in.network(ctx, &r)
 	case FaultStreamWipe:
 		r.target = "nats*"

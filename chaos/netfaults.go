@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/batonhq/baton/internal/netns"
 )
 
 // network injects a network fault: it spoils a link for a while, then
@@ -14,14 +16,15 @@ import (
 func (in *injector) network(ctx context.Context, r *faultRecord) {
 	s := in.sys
 	hold := time.Duration(3000+in.rng.IntN(3000)) * time.Millisecond
-	var node *netNode
+	var node *netns.Node
 	var rules []string
 	linkDown := false
+	var delay time.Duration
 	var natsIPs []string
 	for _, n := range s.nats {
-		natsIPs = append(natsIPs, n.node.ip)
+		natsIPs = append(natsIPs, n.node.IP)
 	}
-	pg := cutFrom([]string{s.net.hostIP()}, s.pgPorts...)
+	pg := netns.CutFrom([]string{s.net.HostIP()}, s.pgPorts...)
 	switch r.kind {
 	case FaultNATSPartition:
 		i := in.rng.IntN(len(s.nats))
@@ -29,10 +32,10 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		var others []string
 		for j, n := range s.nats {
 			if j != i {
-				others = append(others, n.node.ip)
+				others = append(others, n.node.IP)
 			}
 		}
-		rules = cutFrom(others)
+		rules = netns.CutFrom(others)
 		r.note = "cut from the other two NATS nodes (clients still reach it)"
 	case FaultNATSLeaderCut:
 		i := s.streamLeader(ctx)
@@ -51,7 +54,7 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		}
 		node = s.relays[i].node
 		if r.kind == FaultRelayCutNATS {
-			rules = cutFrom(natsIPs)
+			rules = netns.CutFrom(natsIPs)
 			r.note += "the active relay cut from NATS"
 		} else {
 			rules = pg
@@ -69,37 +72,48 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		r.note = "a worker holding turns cut from PostgreSQL"
 	case FaultAPICutNATS:
 		node = s.api.node
-		rules = cutFrom(natsIPs)
+		rules = netns.CutFrom(natsIPs)
 		r.note = "the API cut from NATS"
-	case FaultLinkLoss:
+	case FaultLinkDelay:
 		node = in.lossTarget()
-		rules = loss(5, "in", "out")
+		rules = netns.Loss(5, "in", "out")
+		delay = linkDelay
 		hold = time.Duration(8000+in.rng.IntN(4000)) * time.Millisecond
-		r.note = "5% of packets dropped both ways"
+		r.note = fmt.Sprintf("every packet held %s each way and 5%% dropped both ways", linkDelay)
 	case FaultOneWayLoss:
 		node = in.lossTarget()
-		rules = loss(50, "in")
+		rules = netns.Loss(50, "in")
 		hold = time.Duration(6000+in.rng.IntN(4000)) * time.Millisecond
 		r.note = "50% of incoming packets dropped, none outgoing"
 	}
-	r.target = node.name
+	r.target = node.Name
 	var err error
+	var delayed *netns.Delay
 	if linkDown {
-		err = s.net.setLink(node, false)
+		err = s.net.SetLink(node, false)
 	} else {
-		err = node.filter(rules...)
+		err = node.Filter(rules...)
+	}
+	if err == nil && delay > 0 {
+		delayed, err = node.Delay(delay)
 	}
 	r.at = time.Now()
 	if err != nil {
+		_ = node.Filter()
 		r.failed = true
 		r.note += "; COULD NOT SPOIL THE LINK: " + firstLine(err.Error())
 		return
 	}
 	in.sleep(ctx, hold)
 	if linkDown {
-		err = s.net.setLink(node, true)
+		err = s.net.SetLink(node, true)
 	} else {
-		err = node.filter()
+		err = node.Filter()
+	}
+	if delayed != nil {
+		if derr := delayed.Stop(); err == nil {
+			err = derr
+		}
 	}
 	r.healed = time.Now()
 	if err != nil {
@@ -108,15 +122,18 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		return
 	}
 	r.note += fmt.Sprintf(" for %s, then healed", r.healed.Sub(r.at).Round(time.Millisecond))
-	if strings.HasPrefix(string(r.kind), "nats_") || strings.HasPrefix(node.name, "nats") {
+	if strings.HasPrefix(string(r.kind), "nats_") || strings.HasPrefix(node.Name, "nats") {
 		if state, ok := s.waitStreamHealthy(ctx, 20*time.Second); !ok {
 			r.note += "; stream replicas not current within 20s: " + state
 		}
 	}
 }
 
+// linkDelay is how long link_delay holds each packet, each way.
+const linkDelay = 200 * time.Millisecond
+
 // lossTarget is a NATS node or a worker, at random.
-func (in *injector) lossTarget() *netNode {
+func (in *injector) lossTarget() *netns.Node {
 	s := in.sys
 	if in.rng.IntN(2) == 0 {
 		return s.nats[in.rng.IntN(len(s.nats))].node

@@ -34,9 +34,13 @@ var pgSettings = map[string]string{
 	// connection dead: TCP keepalives bound that to about 5+3x2 s of
 	// silence (the kernel's default is two hours), after which the other
 	// workers take its turns over at once instead of after the lease.
-	"tcp_keepalives_idle":     "5",
-	"tcp_keepalives_interval": "2",
-	"tcp_keepalives_count":    "3",
+	// The same as deploy/postgres/baton.conf, with tcp_user_timeout for a
+	// connection whose last reply was never acknowledged.
+	"tcp_keepalives_idle":              "5",
+	"tcp_keepalives_interval":          "2",
+	"tcp_keepalives_count":             "3",
+	"tcp_user_timeout":                 "11s",
+	"client_connection_check_interval": "2s",
 }
 
 // startPostgresPair starts the primary (pg1) and makes its synchronous
@@ -52,14 +56,14 @@ func (s *system) startPostgresPair(ctx context.Context) error {
 	settings := maps.Clone(pgSettings)
 	// The processes reach the servers from their namespaces, through the
 	// harness's link to the run's network.
-	settings["listen_addresses"] = "127.0.0.1," + s.net.hostIP()
+	settings["listen_addresses"] = "127.0.0.1," + s.net.HostIP()
 	pg, err := pgcluster.New(pgcluster.Options{
 		Dir:      filepath.Join(s.dir, name),
 		Port:     ports[0],
 		LogFile:  filepath.Join(s.logs, name+".log"),
 		Durable:  false,
 		Settings: settings,
-		HBA:      []string{"host all postgres " + s.net.cidr() + " trust"},
+		HBA:      []string{"host all postgres " + s.net.CIDR() + " trust"},
 	})
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/batonhq/baton/internal/netns"
 )
 
 // process is one supervised OS process of the system under test: a baton
@@ -23,7 +25,7 @@ type process struct {
 	args    []string
 	logPath string
 	// node is the network namespace the process runs in.
-	node *netNode
+	node *netns.Node
 
 	mu         sync.Mutex
 	cmd        *exec.Cmd
@@ -68,7 +70,7 @@ func (p *process) startLocked(env []string) error {
 	st, _ := logf.Stat()
 	bin, args := p.bin, p.args
 	if p.node != nil {
-		bin, args = p.node.command(p.bin, p.args...)
+		bin, args = p.node.Command(p.bin, p.args...)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)

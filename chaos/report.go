@@ -52,6 +52,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("settled", "%v", r.Settled)
 	row("status after the run", "%s", r.Status)
 	row("triggers in the stream", "%s", r.Triggers)
+	row("live event streams", "%s", r.Streams)
 	row("longest kill -> next turn", "%s (after %s; %d faults with no turn after them)", v.LongestRecovery.Round(time.Millisecond), v.LongestRecoveryAfter, v.NoTurnAfter)
 	verdict := "PASS"
 	if !r.Passed() {

@@ -20,6 +20,7 @@ import (
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/batonhq/baton/internal/netns"
 	"github.com/batonhq/baton/internal/pgcluster"
 )
 
@@ -62,7 +63,7 @@ type system struct {
 
 	// net is the run's network: every process but PostgreSQL in a
 	// namespace of its own.
-	net *network
+	net *netns.Network
 
 	nats      []*natsNode
 	relays    []*process
@@ -108,7 +109,7 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	network, err := newNetwork()
+	network, err := netns.New()
 	if err != nil {
 		return nil, err
 	}
@@ -124,25 +125,25 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if err != nil {
 		return s, err
 	}
-	natsNodes := make([]*netNode, natsCount)
+	natsNodes := make([]*netns.Node, natsCount)
 	var routes []string
 	for i := range natsCount {
-		if natsNodes[i], err = s.net.add(fmt.Sprintf("nats%d", i+1)); err != nil {
+		if natsNodes[i], err = s.net.Add(fmt.Sprintf("nats%d", i+1)); err != nil {
 			return s, err
 		}
-		routes = append(routes, fmt.Sprintf("nats://%s:%d", natsNodes[i].ip, ports[natsCount+i]))
+		routes = append(routes, fmt.Sprintf("nats://%s:%d", natsNodes[i].IP, ports[natsCount+i]))
 	}
 	var urls []string
 	for i := range natsCount {
 		n := &natsNode{store: filepath.Join(dir, fmt.Sprintf("nats%d", i+1)), port: ports[i], clusterPort: ports[natsCount+i]}
 		n.process = newProcess(fmt.Sprintf("nats%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("nats%d.log", i+1)),
-			"nats-server", "--host", natsNodes[i].ip, "--port", strconv.Itoa(ports[i]), "--store-dir", n.store,
+			"nats-server", "--host", natsNodes[i].IP, "--port", strconv.Itoa(ports[i]), "--store-dir", n.store,
 			"--name", fmt.Sprintf("n%d", i+1), "--cluster", natsCluster,
 			"--cluster-port", strconv.Itoa(ports[natsCount+i]), "--routes", strings.Join(routes, ","),
 			"--log-format", "json")
 		n.node = natsNodes[i]
 		s.nats = append(s.nats, n)
-		urls = append(urls, fmt.Sprintf("nats://%s:%d", natsNodes[i].ip, ports[i]))
+		urls = append(urls, fmt.Sprintf("nats://%s:%d", natsNodes[i].IP, ports[i]))
 	}
 	s.natsURL = strings.Join(urls, ",")
 	for _, n := range s.nats {
@@ -167,11 +168,11 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	streamFlags := s.streamFlags()
 	common := []string{"--database-url", s.procDBURL, "--nats-url", s.natsURL, "--log-format", "json"}
 	for i := range relayCount {
-		node, err := s.net.add(fmt.Sprintf("relay%d", i+1))
+		node, err := s.net.Add(fmt.Sprintf("relay%d", i+1))
 		if err != nil {
 			return s, err
 		}
-		addr := fmt.Sprintf("%s:%d", node.ip, ports[2*natsCount+i])
+		addr := fmt.Sprintf("%s:%d", node.IP, ports[2*natsCount+i])
 		args := append([]string{"relay"}, common...)
 		args = append(args, streamFlags...)
 		args = append(args, "--metrics-addr", addr,
@@ -200,7 +201,7 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 			// The load sends /sleep, /fail and /tool lines.
 			"--echo-directives")
 		p := newProcess(fmt.Sprintf("worker%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("worker%d.log", i+1)), args...)
-		if p.node, err = s.net.add(p.name); err != nil {
+		if p.node, err = s.net.Add(p.name); err != nil {
 			return s, err
 		}
 		s.workers = append(s.workers, p)
@@ -211,16 +212,18 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 			return s, err
 		}
 	}
-	apiNode, err := s.net.add("api")
+	apiNode, err := s.net.Add("api")
 	if err != nil {
 		return s, err
 	}
-	apiAddr := fmt.Sprintf("%s:%d", apiNode.ip, ports[2*natsCount+relayCount])
+	apiAddr := fmt.Sprintf("%s:%d", apiNode.IP, ports[2*natsCount+relayCount])
 	s.apiURL = "http://" + apiAddr
 	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"),
 		"api", "--database-url", s.procDBURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
 		// One user sends the whole load, far above what one person types.
-		"--messages-per-minute", "1000000", "--message-burst", "100000")
+		"--messages-per-minute", "1000000", "--message-burst", "100000",
+		// The one user holds the load's live event streams, three dozen.
+		"--max-streams-per-user", "64")
 	s.api.node = apiNode
 	if err := s.api.supervise(); err != nil {
 		return s, err
@@ -252,7 +255,7 @@ func (s *system) createDatabase(ctx context.Context) error {
 	// Every process and the harness's own pool reach whichever of the
 	// two ports is the primary, before and after a failover.
 	s.dbURL = pgcluster.MultiHostURL("baton", s.pg, s.standby)
-	s.procDBURL = strings.ReplaceAll(s.dbURL, "127.0.0.1:", s.net.hostIP()+":")
+	s.procDBURL = strings.ReplaceAll(s.dbURL, "127.0.0.1:", s.net.HostIP()+":")
 	s.pool, err = pgxpool.New(ctx, s.dbURL)
 	return err
 }
@@ -471,6 +474,6 @@ func (s *system) stop() {
 		_ = s.standby.Stop(pgcluster.Fast)
 	}
 	if s.net != nil {
-		s.net.close()
+		s.net.Close()
 	}
 }

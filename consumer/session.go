@@ -40,6 +40,9 @@ type session struct {
 	log zerolog.Logger
 	// heldGauge is 1 while the lock is held.
 	heldGauge prometheus.Gauge
+	// lost, when set, is called whenever the lock was held and is no
+	// longer.
+	lost func()
 
 	mu   sync.Mutex
 	id   int32
@@ -72,8 +75,8 @@ func (s *session) Held() bool {
 
 func (s *session) set(held bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.held == held {
+		s.mu.Unlock()
 		return
 	}
 	s.held = held
@@ -83,6 +86,10 @@ func (s *session) set(held bool) {
 		s.heldGauge.Set(1)
 	} else {
 		s.heldGauge.Set(0)
+	}
+	s.mu.Unlock()
+	if !held && s.lost != nil {
+		s.lost()
 	}
 }
 

@@ -62,28 +62,34 @@ func (b *bundle) trustSessions(t testing.TB) {
 // start of its next turn.
 func (b *bundle) killMidTurn(t testing.TB, workers []*proctest.Process, conversations []string, tag string) []time.Duration {
 	t.Helper()
-	return b.stopMidTurn(t, workers, conversations, tag, func(p *proctest.Process) time.Time {
+	return b.stopMidTurn(t, workers, conversations, tag, 20*time.Second, func(p *proctest.Process) time.Time {
 		killed := time.Now()
 		p.Kill()
 		return killed
 	})
 }
 
-// stopMidTurn is killMidTurn with stop, which ends the worker and returns
-// the moment the delays count from.
-func (b *bundle) stopMidTurn(t testing.TB, workers []*proctest.Process, conversations []string, tag string, stop func(*proctest.Process) time.Time) []time.Duration {
+// stopMidTurn is killMidTurn with turns that take turn, and stop, which
+// ends the worker and returns the moment the delays count from. Only the
+// turns of conversations count: the worker that runs the most of them is
+// stopped.
+func (b *bundle) stopMidTurn(t testing.TB, workers []*proctest.Process, conversations []string, tag string, turn time.Duration, stop func(*proctest.Process) time.Time) []time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	for _, c := range conversations {
-		b.Send(c, c+"-"+tag, "a long one\n/sleep 20s")
+		b.Send(c, c+"-"+tag, "a long one\n/sleep "+turn.String())
 	}
 	b.Eventually(30*time.Second, func() bool {
 		return b.Count(`SELECT count(*) FROM agent_runs r JOIN agent_outbox o ON o.id = ANY (r.outbox_ids)
 			WHERE r.status = 'running' AND o.message_id IN (SELECT id FROM messages WHERE public_id LIKE '%-' || $1)`, tag) == len(conversations)
 	}, "every conversation's turn runs")
+	keys := make([]string, len(conversations))
+	for i, c := range conversations {
+		keys[i] = b.Key(c)
+	}
 	// The worker names end in their process ids.
 	held := map[int][]string{}
-	rows, err := b.DB.Pool.Query(ctx, `SELECT worker, conversation_id FROM agent_runs WHERE status = 'running'`)
+	rows, err := b.DB.Pool.Query(ctx, `SELECT worker, conversation_id FROM agent_runs WHERE status = 'running' AND conversation_id = ANY($1)`, keys)
 	require.NoError(t, err)
 	for rows.Next() {
 		var worker, conv string
@@ -116,6 +122,10 @@ func (b *bundle) stopMidTurn(t testing.TB, workers []*proctest.Process, conversa
 	}, "each conversation of the killed worker starts its next turn")
 	return delays
 }
+
+// benchTurn is how long the turns that BenchmarkKillToNextTurn kills take:
+// long enough that all four run when the kill comes.
+const benchTurn = 5 * time.Second
 
 // pidOf reads the process id at the end of a worker's default name,
 // <host>-<pid>.
@@ -167,7 +177,7 @@ func TestAWorkerStoppedMidTurnHandsItsTurnsBackAtOnce(t *testing.T) {
 		b.Conversation(c)
 		conversations = append(conversations, c)
 	}
-	delays := b.stopMidTurn(t, workers, conversations, "m1", func(p *proctest.Process) time.Time {
+	delays := b.stopMidTurn(t, workers, conversations, "m1", 20*time.Second, func(p *proctest.Process) time.Time {
 		stopped := time.Now()
 		require.NoError(t, p.Cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, p.AwaitExit(30*time.Second), "the worker stops within its shutdown grace")
@@ -187,6 +197,12 @@ func TestAWorkerStoppedMidTurnHandsItsTurnsBackAtOnce(t *testing.T) {
 // worker's session (the default), and with the lease alone (--no-session,
 // the reference). Each kill's worker is started again before the next.
 // Run with -benchtime 20x; the reference takes the lease (30 s) per kill.
+//
+// Each kill hits turns of four fresh conversations, which sleep benchTurn,
+// and the next kill waits until they have ended on the other worker: an
+// earlier version killed the same conversations' turns again and again,
+// the surviving worker's retries among them, until their third attempt
+// failed them visibly and their next turn never came.
 func BenchmarkKillToNextTurn(b *testing.B) {
 	for _, mode := range []struct {
 		name  string
@@ -204,7 +220,11 @@ func BenchmarkKillToNextTurn(b *testing.B) {
 					bb.Conversation(c)
 					convs = append(convs, c)
 				}
-				d := bb.killMidTurn(b, workers, convs, fmt.Sprintf("m%d", i))
+				d := bb.stopMidTurn(b, workers, convs, fmt.Sprintf("m%d", i), benchTurn, func(p *proctest.Process) time.Time {
+					killed := time.Now()
+					p.Kill()
+					return killed
+				})
 				delays = append(delays, d...)
 				// The killed worker comes back, as a supervisor would start it.
 				for k, w := range workers {
@@ -212,6 +232,12 @@ func BenchmarkKillToNextTurn(b *testing.B) {
 						workers[k] = bb.workerProcesses(b, 1, mode.extra...)[0]
 					}
 				}
+				// The turns taken over end before the next kill, so that
+				// every kill hits turns of its own, each at its first
+				// attempt, and none is killed twice into its attempt cap.
+				bb.Eventually(2*time.Minute, func() bool {
+					return bb.Count(`SELECT count(*) FROM agent_outbox WHERE status NOT IN ('done', 'error')`) == 0
+				}, "the turns of kill %d end", i)
 			}
 			slices.Sort(delays)
 			p := func(q float64) float64 { return delays[int(q*float64(len(delays)-1))].Seconds() * 1000 }

@@ -155,6 +155,10 @@ type Config struct {
 	// CrashAt arms a crash point for fault tests, in BATON_CRASH_AT's
 	// format. Defaults to none.
 	CrashAt string
+	// PauseAt arms a pause point for fault tests, in BATON_PAUSE_AT's
+	// format: the process stops itself there until it is continued. It
+	// cannot be armed with CrashAt. Defaults to none.
+	PauseAt string
 	// Logger receives the worker's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// Registerer receives the worker's metrics. Defaults to a private
@@ -283,6 +287,12 @@ func (c Config) Validate() error {
 	if _, err := parseCrash(c.CrashAt); err != nil {
 		return setting.Errorf("CrashAt", c.CrashAt, "%v", err)
 	}
+	if _, err := parsePause(c.PauseAt); err != nil {
+		return setting.Errorf("PauseAt", c.PauseAt, "%v", err)
+	}
+	if c.CrashAt != "" && c.PauseAt != "" {
+		return setting.Errorf("PauseAt", c.PauseAt, "arm a crash point or a pause point, not both")
+	}
 	return nil
 }
 
@@ -331,6 +341,10 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("consumer: register metrics: %w", err)
 	}
 	crash, _ := parseCrash(cfg.CrashAt)
+	if cfg.PauseAt != "" {
+		crash, _ = parsePause(cfg.PauseAt)
+		crash.listen()
+	}
 	w := &Worker{
 		cfg:     cfg,
 		log:     cfg.Logger.With().Str("worker", cfg.Name).Logger(),
@@ -339,6 +353,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.SessionCheckInterval != NoSession {
 		w.session = newSession(cfg.Pool, w.log, m.sessionHeld)
+		w.session.lost = w.handBackWaiting
 	}
 	return w, nil
 }

@@ -8,7 +8,9 @@
 #             and the dashboard's expressions in deploy/ and runs the
 #             alerts' tests; the server it also ships is not started
 #   chaos     nft (package nftables), with which the kill test cuts and
-#             drops the links of its network namespaces
+#             drops the links of its network namespaces, and iptables
+#             (package iptables), whose NFQUEUE target hands a delayed
+#             link's packets to the test to hold
 #   node      Node.js and npm (packages nodejs, npm), which run the
 #             example apps and the real clients and servers some tests use
 #   psycopg   psycopg 3 for /usr/bin/python3 (package python3-psycopg), for
@@ -37,6 +39,9 @@ have_psycopg() {
 have_tour() {
   command -v curl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1
 }
+have_iptables() {
+  command -v iptables >/dev/null 2>&1
+}
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
 }
@@ -47,7 +52,7 @@ for want in "${@:-postgres}"; do
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
-    chaos) have_nft || missing+=(nftables) ;;
+    chaos) have_nft || missing+=(nftables); have_iptables || missing+=(iptables) ;;
     node) have_node || missing+=(nodejs npm) ;;
     psycopg) have_psycopg || missing+=(python3-psycopg) ;;
     tour) have_tour || missing+=(curl iproute2) ;;

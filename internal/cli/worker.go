@@ -95,6 +95,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		MaxTurnMessages: c.MaxTurnMessages,
 		TurnTimeout:     c.TurnTimeout,
 		CrashAt:         crashAt,
+		PauseAt:         os.Getenv(consumer.PauseEnv),
 		Logger:          &log,
 		Registerer:      reg,
 		ApprovalTTL:     c.ApprovalTTL,

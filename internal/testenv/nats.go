@@ -29,11 +29,19 @@ func StartNATS(t testing.TB) *NATS {
 	if u := os.Getenv("BATON_TEST_NATS_URL"); u != "" {
 		return &NATS{URL: u, t: t}
 	}
+	return StartNATSOn(t, "")
+}
+
+// StartNATSOn is StartNATS on the address host (127.0.0.1 when empty),
+// always embedded: for tests whose processes reach it from a network
+// namespace of their own.
+func StartNATSOn(t testing.TB, host string) *NATS {
+	t.Helper()
 	port, err := pgcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &NATS{t: t, opts: batonnats.EmbeddedOptions{StoreDir: t.TempDir(), Port: port}}
+	n := &NATS{t: t, opts: batonnats.EmbeddedOptions{Host: host, StoreDir: t.TempDir(), Port: port}}
 	n.Start()
 	t.Cleanup(n.Stop)
 	return n
