@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/internal/config"
@@ -83,6 +84,11 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	log := env.Log.With().Str("component", "api").Logger()
+	// A registry of its own, as every other component has: two APIs in one
+	// process (tests, a program that embeds the CLI) never register the
+	// same collector twice.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Checked before anything connects: a sign-in setting that cannot
 	// work is a usage error.
 	cfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
@@ -90,7 +96,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		Quotas:          c.apiQuotas(),
 		StreamRecheck:   c.StreamRecheck,
 		Log:             log,
-		Registerer:      prometheus.DefaultRegisterer,
+		Registerer:      reg,
 	}), log)
 	if err != nil {
 		return err
@@ -111,7 +117,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer closeNATS()
-	registerNATSConnected(prometheus.DefaultRegisterer, nc)
+	registerNATSConnected(reg, nc)
 	cfg.JetStream, cfg.NATS, cfg.Events, cfg.Pool = js, nc, batonnats.EventsConfig{Replicas: c.Replicas}, pool
 	srv, err := api.New(cfg)
 	if err != nil {
@@ -119,7 +125,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	}
 	logSignIn(ctx, srv, c.CORSOrigins, log)
 	if c.MetricsAddr != "" {
-		stop, err := serveMetrics(c.MetricsAddr, prometheus.DefaultGatherer, log)
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {
 			return err
 		}
