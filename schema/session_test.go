@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/schema"
@@ -17,6 +18,7 @@ import (
 type workerSession struct {
 	id   int32
 	conn *pgx.Conn
+	db   *pgxpool.Pool
 }
 
 func (b turnBundle) takeSession(t *testing.T) *workerSession {
@@ -30,12 +32,21 @@ func (b turnBundle) takeSession(t *testing.T) *workerSession {
 	took, err := schema.TakeWorkerSession(ctx, conn, id)
 	require.NoError(t, err)
 	require.True(t, took, "a new session's lock is free")
-	return &workerSession{id: id, conn: conn}
+	return &workerSession{id: id, conn: conn, db: b.db.Pool}
 }
 
 func (s *workerSession) close(t *testing.T) {
 	t.Helper()
 	require.NoError(t, s.conn.Close(context.Background()))
+	// Close returns once the client said goodbye; the server's backend
+	// releases the lock as it exits, a moment later, as it does for a
+	// process that died.
+	require.Eventually(t, func() bool {
+		var held bool
+		err := s.db.QueryRow(context.Background(),
+			`SELECT $1::integer IN (SELECT baton_worker_sessions_held())`, s.id).Scan(&held)
+		return err == nil && !held
+	}, 10*time.Second, 5*time.Millisecond, "the server released session %d's lock after its connection closed", s.id)
 }
 
 // trustSessions makes free locks count on this server now, as they do ten
