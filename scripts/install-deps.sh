@@ -15,8 +15,9 @@
 #             example apps and the real clients and servers some tests use
 #   psycopg   psycopg 3 for /usr/bin/python3 (package python3-psycopg), for
 #             examples/producer-python
-#   tour      curl and ip (packages curl, iproute2), with which the test of
-#             the README's tour runs its commands in a network of its own
+#   tour      curl, ip and psql (packages curl, iproute2, postgresql-client),
+#             with which the test of the README's tour runs its commands in
+#             a network of its own
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -37,7 +38,7 @@ have_psycopg() {
   /usr/bin/python3 -c 'import psycopg' >/dev/null 2>&1
 }
 have_tour() {
-  command -v curl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1
+  command -v curl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 && command -v psql >/dev/null 2>&1
 }
 have_iptables() {
   command -v iptables >/dev/null 2>&1
@@ -55,7 +56,7 @@ for want in "${@:-postgres}"; do
     chaos) have_nft || missing+=(nftables); have_iptables || missing+=(iptables) ;;
     node) have_node || missing+=(nodejs npm) ;;
     psycopg) have_psycopg || missing+=(python3-psycopg) ;;
-    tour) have_tour || missing+=(curl iproute2) ;;
+    tour) have_tour || missing+=(curl iproute2 postgresql-client) ;;
     *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, psycopg, tour)" >&2; exit 2 ;;
   esac
 done
