@@ -2,8 +2,11 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Finalize is the end of a successful turn.
@@ -12,10 +15,17 @@ type Finalize struct {
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
+	// Generation is the claim's (Claim.Generation): the reply's ID is
+	// ReplyID(OutboxIDs, Generation).
+	Generation int
 	// Content of the assistant reply.
 	Content string
 	// Truncated marks a reply the model cut off.
 	Truncated bool
+	// Stopped marks a reply that a stop ended: Content is what the run had
+	// written by then. A run that was asked to stop (StopTx) is finalized
+	// as stopped whatever this says, and never superseded.
+	Stopped bool
 	// SupersedeIfNewer hands the turn back instead (SupersedeTx) when a
 	// newer message of the conversation is pending and the run started
 	// no write: the next turn answers them together.
@@ -31,6 +41,9 @@ type Finalized struct {
 	// Superseded is set when, instead of the reply, the turn was handed
 	// back for a newer message (Finalize.SupersedeIfNewer).
 	Superseded bool
+	// Stopped is set when the reply was committed as stopped: asked for
+	// (Finalize.Stopped) or because the run had been asked to stop.
+	Stopped bool
 }
 
 // FinalizeTx ends a turn in the caller's transaction, all or nothing: the
@@ -44,20 +57,26 @@ type Finalized struct {
 // mid-turn fails the reply's foreign key: ErrConversationDeleted, which is a
 // cancellation.
 func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error) {
-	if f.SupersedeIfNewer {
+	if !f.Stopped {
+		var err error
+		if f.Stopped, err = stopRequested(ctx, tx, f.ConversationID, f.RunID); err != nil {
+			return Finalized{}, err
+		}
+	}
+	if f.SupersedeIfNewer && !f.Stopped {
 		superseded, err := SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
 		if err != nil || superseded {
 			return Finalized{Superseded: superseded}, err
 		}
 	}
-	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
+	out := Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Stopped: f.Stopped}
 	// The reply goes first, as the reference has it: its foreign key is
 	// what notices a deleted conversation, and it takes the key-share lock
 	// that keeps the conversation from being deleted until commit.
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content, truncated, run_id, turn_id)
-		VALUES ($1, $2, 'assistant', $3, $4, $5, $6)`,
-		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.RunID, f.TurnID); err != nil {
+		INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
+		VALUES ($1, $2, 'assistant', $3, $4, $5, $6, $7)`,
+		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.Stopped, f.RunID, f.TurnID); err != nil {
 		switch {
 		case IsForeignKeyViolation(err):
 			return Finalized{}, ErrConversationDeleted
@@ -76,12 +95,33 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 		return Finalized{}, fmt.Errorf("finalize: attach operations: %w", err)
 	}
 	out.Operations = tag.RowsAffected()
+	status := "finalized"
+	if f.Stopped {
+		status = "stopped"
+	}
 	if _, err := tx.Exec(ctx, `
-		UPDATE agent_runs SET status = 'finalized', reply_message_id = $2, finished_at = clock_timestamp()
-		WHERE id = $1`, f.RunID, out.MessageID); err != nil {
+		UPDATE agent_runs SET status = $3, reply_message_id = $2, finished_at = clock_timestamp()
+		WHERE id = $1`, f.RunID, out.MessageID, status); err != nil {
 		return Finalized{}, fmt.Errorf("finalize: record run: %w", err)
 	}
 	return out, nil
+}
+
+// stopRequested locks the conversation and reports whether the run that
+// holds it was asked to stop (StopTx): read under the lock, a stop
+// committed before it is seen.
+func stopRequested(ctx context.Context, tx Executor, conversationID, runID string) (bool, error) {
+	var stop bool
+	err := tx.QueryRow(ctx, `
+		SELECT coalesce(stop_run_id = run_id, false) FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`,
+		conversationID, runID).Scan(&stop)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, ownershipError(ctx, tx, conversationID)
+	}
+	if err != nil {
+		return false, fmt.Errorf("finalize: read the run's stop: %w", err)
+	}
+	return stop, nil
 }
 
 // releaseTx releases a run's conversation and moves its claimed rows to

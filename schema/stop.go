@@ -1,0 +1,75 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrStopRequested: the run was asked to stop (StopTx). It ends stopped:
+// its reply is what it wrote until then, marked stopped, and its turn is
+// never retried or handed back.
+var ErrStopRequested = errors.New("the run was asked to stop")
+
+// Stop says what StopTx committed.
+type Stop struct {
+	// ConversationKey is the server's key of the conversation.
+	ConversationKey string
+	// RunID is the run that held the conversation and is now asked to
+	// stop; empty when no run held it. The run ends its turn stopped on
+	// its own (the worker that holds it, told at once, or else at its
+	// next lease renewal or finalize, or recovery when it died).
+	RunID string
+	// SettledIDs are the outbox rows that waited for a turn and were
+	// settled (done, stopped_at set): no turn answers them.
+	SettledIDs []int64
+}
+
+// StopTx stops ownerID's conversation in the caller's transaction: the run
+// that holds it, if any, is asked to stop (recorded on the conversation
+// row, where its renewal, finalize and recovery read it), and the messages
+// that wait for a turn are settled as stopped. Messages stored after the
+// commit start a new turn. Stopping a conversation with nothing to stop
+// changes nothing. A conversation the owner does not have is ErrNotFound.
+//
+// The conversation row is locked first, as the producer (InsertMessageTx)
+// and a claim lock it: a message is either stored before the stop, and
+// stopped with it, or after, and answered.
+func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID string) (Stop, error) {
+	var s Stop
+	var runID *string
+	err := tx.QueryRow(ctx, `
+		SELECT id, run_id FROM conversations WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`,
+		ownerID, conversationID).Scan(&s.ConversationKey, &runID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Stop{}, ErrNotFound
+	}
+	if err != nil {
+		return Stop{}, fmt.Errorf("stop: lock conversation: %w", err)
+	}
+	if runID != nil {
+		s.RunID = *runID
+		if _, err := tx.Exec(ctx, `UPDATE conversations SET stop_run_id = run_id WHERE id = $1`, s.ConversationKey); err != nil {
+			return Stop{}, fmt.Errorf("stop: ask the run to stop: %w", err)
+		}
+	}
+	rows, err := tx.Query(ctx, `
+		UPDATE agent_outbox SET status = 'done', processed_at = now(), stopped_at = now()
+		WHERE conversation_id = $1 AND status = 'pending'
+		RETURNING id`, s.ConversationKey)
+	if err != nil {
+		return Stop{}, fmt.Errorf("stop: settle waiting messages: %w", err)
+	}
+	if s.SettledIDs, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		return Stop{}, fmt.Errorf("stop: settle waiting messages: %w", err)
+	}
+	if len(s.SettledIDs) > 0 {
+		// A wait the model server asked for has nothing left to wait for.
+		if _, err := tx.Exec(ctx, `UPDATE conversations SET not_before = NULL WHERE id = $1`, s.ConversationKey); err != nil {
+			return Stop{}, fmt.Errorf("stop: end the wait: %w", err)
+		}
+	}
+	return s, nil
+}
