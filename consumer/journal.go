@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -49,13 +50,49 @@ type journal struct {
 	runID          string
 	crash          *crasher
 	metrics        *metrics
+	// live shows each call to live clients: its input once journaled as
+	// started, then its output or that it failed.
+	live *liveRun
+	// cancel ends the turn (its context's cause).
+	cancel context.CancelCauseFunc
+	log    zerolog.Logger
 
 	// mu orders a write's start against superseding: once a write has
 	// started, the turn must end with its own reply or error; once the
-	// turn is being superseded, no write starts.
+	// turn is being superseded, no write starts. It also holds a stop back
+	// while a write runs (writing), so that the write's outcome is known
+	// and journaled before the turn ends.
 	mu         sync.Mutex
 	wrote      bool
 	superseded bool
+	writing    int
+	stopAsked  bool
+}
+
+// stop ends the turn with ErrStopped: at once, or, while a write runs, as
+// soon as it returned. A stopped turn never runs again, so the write is
+// never repeated; letting it finish keeps its outcome known.
+func (j *journal) stop() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.writing > 0 {
+		if !j.stopAsked {
+			j.log.Info().Msg("stop asked while a write runs; the turn stops once it returned")
+		}
+		j.stopAsked = true
+		return
+	}
+	j.cancel(ErrStopped)
+}
+
+// wroteOne ends a write's hold on a stop.
+func (j *journal) wroteOne() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.writing--
+	if j.writing == 0 && j.stopAsked {
+		j.cancel(ErrStopped)
+	}
 }
 
 // errSuperseded ends a turn that newer messages of its conversation
@@ -85,12 +122,18 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	}
 	if tool.Effect() == EffectWrite {
 		j.mu.Lock()
-		if j.superseded {
+		switch {
+		case j.superseded:
 			j.mu.Unlock()
 			return "", errSuperseded
+		case j.stopAsked || context.Cause(ctx) == ErrStopped:
+			j.mu.Unlock()
+			return "", ErrStopped
 		}
 		j.wrote = true
+		j.writing++
 		j.mu.Unlock()
+		defer j.wroteOne()
 	}
 	inv := Invocation{
 		IdempotencyKey: IdempotencyKey(j.runID, call.ID),
@@ -115,6 +158,9 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
 	}
+	if j.live != nil {
+		j.live.toolInput(call.ID, tool.Name(), args)
+	}
 	tctx, span := telemetry.Tracer().Start(ctx, "tool "+call.Tool,
 		trace.WithAttributes(attribute.String("baton.tool", call.Tool), attribute.String("baton.effect", string(tool.Effect())), attribute.Int64("baton.operation_id", inv.OperationID)))
 	result, callErr := tool.Call(tctx, inv)
@@ -130,12 +176,18 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 			return "", err
 		}
 		j.metrics.operations.WithLabelValues(call.Tool, "failed").Inc()
+		if j.live != nil {
+			j.live.toolOutput(call.ID, "", true)
+		}
 		return "", callErr
 	}
 	if err := schema.CompleteOperation(finishCtx, j.pool, inv.OperationID, result); err != nil {
 		return "", err
 	}
 	j.metrics.operations.WithLabelValues(call.Tool, "completed").Inc()
+	if j.live != nil {
+		j.live.toolOutput(call.ID, result, false)
+	}
 	j.crash.at(CrashAfterTool)
 	return result, nil
 }

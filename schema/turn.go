@@ -579,6 +579,10 @@ func supersedeOrFinalize(ctx context.Context, db Beginner, f Finalize) FinalizeR
 		return err
 	})
 	switch {
+	case errors.Is(err, ErrStopRequested):
+		// Asked to stop since the finalize statement looked: it ends
+		// stopped, with its reply.
+		f.Stopped = true
 	case err != nil:
 		return FinalizeResult{Err: err}
 	case superseded:
