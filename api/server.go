@@ -86,6 +86,13 @@ type Config struct {
 	// MaxStreams is how many live event streams the process holds open;
 	// more get 503. Defaults to 10000.
 	MaxStreams int
+	// MaxChatBodyBytes limits the body of POST /v1/chat, which carries
+	// the chat's whole history (it is read as a stream and only its last
+	// message kept); larger gets 413. Defaults to 8 MiB.
+	MaxChatBodyBytes int
+	// MaxChatMessages limits the messages read from the body of POST
+	// /v1/chat; more get 413. Defaults to 10000.
+	MaxChatMessages int
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -110,6 +117,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.MessageBurst, DefaultMessageBurst)
 	setDefault(&c.MaxStreamsPerUser, DefaultMaxStreamsPerUser)
 	setDefault(&c.MaxStreams, DefaultMaxStreams)
+	setDefault(&c.MaxChatBodyBytes, DefaultMaxChatBodyBytes)
+	setDefault(&c.MaxChatMessages, DefaultMaxChatMessages)
 	return c
 }
 
@@ -144,6 +153,7 @@ func (c Config) Validate() error {
 	}{
 		{"MaxHeaderBytes", c.MaxHeaderBytes}, {"MessagesPerMinute", c.MessagesPerMinute},
 		{"MessageBurst", c.MessageBurst}, {"MaxStreamsPerUser", c.MaxStreamsPerUser}, {"MaxStreams", c.MaxStreams},
+		{"MaxChatBodyBytes", c.MaxChatBodyBytes}, {"MaxChatMessages", c.MaxChatMessages},
 	} {
 		if n.v < 1 {
 			return setting.Errorf(n.field, n.v, "must be at least 1")
@@ -151,6 +161,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaderBytes < 1024 {
 		return setting.Errorf("MaxHeaderBytes", c.MaxHeaderBytes, "must be at least 1024: a browser's ordinary headers do not fit in less")
+	}
+	if c.MaxChatBodyBytes < c.MaxContentBytes {
+		return setting.Errorf("MaxChatBodyBytes", c.MaxChatBodyBytes, "must be at least the content limit of %d bytes: a chat's new message comes in its body", c.MaxContentBytes)
 	}
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
@@ -222,6 +235,11 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
 	s.handle("GET /v1/conversations/{cid}/events", s.liveStream(s.authStream(s.conversationEvents)))
+	s.handle("POST /v1/conversations/{cid}/stop", s.auth(s.stopConversation))
+	// The AI SDK's useChat (chat.go).
+	s.handle("POST /v1/chat", s.auth(s.limitMessages(s.postChat)))
+	s.handle("GET /v1/chat/{id}", s.auth(s.chatHistory))
+	s.handle("GET /v1/chat/{id}/stream", s.auth(s.resumeChat))
 	// Anything else is a JSON error, not the mux's plain text: 405 with
 	// Allow for a route that takes other methods, 404 otherwise.
 	s.handle("/v1/", s.unrouted)

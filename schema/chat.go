@@ -160,26 +160,35 @@ type RowTurn struct {
 	// ReplyID is the reply or visible error of the run that settled the
 	// row (done or error); empty when none is known.
 	ReplyID string
+	// RunReplyID is, while the row is processing, the id the running
+	// turn's reply will have (Claim.ReplyID).
+	RunReplyID string
 }
 
 // ReadRowTurn reads where the turn of an outbox row of the conversation
 // with the given key stands, or ErrNotFound.
 func ReadRowTurn(ctx context.Context, db Executor, conversationKey string, outboxID int64) (RowTurn, error) {
 	var t RowTurn
+	var runRows []int64
+	var runGeneration int
 	err := db.QueryRow(ctx, `
 		SELECT o.status, coalesce(o.run_id, ''), o.generation, o.stopped_at IS NOT NULL,
 			CASE WHEN o.status IN ('done', 'error') AND o.run_id IS NOT NULL THEN coalesce(
 				(SELECT a.reply_message_id FROM agent_runs a WHERE a.id = o.run_id),
 				(SELECT m.id FROM messages m WHERE m.conversation_id = o.conversation_id AND m.run_id = o.run_id
-					AND m.role IN ('assistant', 'error') ORDER BY m.seq DESC LIMIT 1), '') ELSE '' END
+					AND m.role IN ('assistant', 'error') ORDER BY m.seq DESC LIMIT 1), '') ELSE '' END,
+			coalesce((SELECT a.outbox_ids FROM agent_runs a WHERE a.id = o.run_id AND o.status = 'processing'), '{}'),
+			coalesce((SELECT max(x.generation) FROM agent_runs a JOIN agent_outbox x ON x.id = ANY(a.outbox_ids)
+				WHERE a.id = o.run_id AND o.status = 'processing'), 0)
 		FROM agent_outbox o WHERE o.id = $1 AND o.conversation_id = $2`, outboxID, conversationKey).
-		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID)
+		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID, &runRows, &runGeneration)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RowTurn{}, ErrNotFound
 	}
 	if err != nil {
 		return RowTurn{}, fmt.Errorf("read the turn of outbox row %d: %w", outboxID, err)
 	}
+	t.RunReplyID = ReplyID(runRows, runGeneration)
 	return t, nil
 }
 
