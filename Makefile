@@ -16,13 +16,20 @@ build:
 
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
-# page tests) and promtool (for the tests of the alert rules and the
-# dashboard). Nothing else is fetched.
+# page tests), promtool (for the tests of the alert rules and the
+# dashboard) and Node.js with npm; test-deps also installs the npm packages
+# of NPM_DIRS, at the versions of their lockfiles.
 deps:
 	@./scripts/install-deps.sh postgres
 
+# The folders whose npm packages the tests use (the useChat example, and the
+# AI SDK's clients that read Baton's streams), installed from their
+# lockfiles.
+NPM_DIRS := examples/chat-usechat internal/e2e/aisdk
+
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus
+	@./scripts/install-deps.sh postgres chromium prometheus node
+	@for d in $(NPM_DIRS); do (cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; done
 
 test: test-deps
 	$(GO) vet $(PKGS)

@@ -7,6 +7,8 @@
 #   prometheus  promtool (package prometheus), which checks the alert rules
 #             and the dashboard's expressions in deploy/ and runs the
 #             alerts' tests; the server it also ships is not started
+#   node      Node.js and npm (packages nodejs, npm), which build the
+#             useChat example and run the AI SDK's clients in the tests
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -16,6 +18,9 @@ have_postgres() {
 }
 have_promtool() {
   command -v promtool >/dev/null 2>&1
+}
+have_node() {
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
@@ -27,7 +32,8 @@ for want in "${@:-postgres}"; do
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus)" >&2; exit 2 ;;
+    node) have_node || missing+=(nodejs npm) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, node)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
