@@ -66,33 +66,11 @@ func chatModel(_ int, req agenttest.Request) agenttest.Response {
 // and NATS, the example page served with its proxy to the API, and a
 // headless Chromium.
 type chatSite struct {
-	t        *testing.T
-	db       *testenv.DB
-	bin      string
-	natsURL  string
-	apiAddr  string
-	api      *proctest.Process
+	*processStack
 	site     string // the page's root URL
 	token    string
 	browser  context.Context
 	artifact string
-}
-
-func (s *chatSite) start(name string, args ...string) *proctest.Process {
-	s.t.Helper()
-	cmd := exec.Command(s.bin, append(args, "--log-format", "json")...)
-	p, err := proctest.Start(name, cmd, proctest.Options{})
-	require.NoError(s.t, err)
-	s.t.Cleanup(func() { p.Stop(10 * time.Second) })
-	return p
-}
-
-// startAPI starts `baton api` on the site's API address.
-func (s *chatSite) startAPI() {
-	s.t.Helper()
-	s.api = s.start("api", "api", "--database-url", s.db.URL, "--nats-url", s.natsURL, "--http-addr", s.apiAddr,
-		"--messages-per-minute", "10000", "--message-burst", "1000")
-	s.api.WaitLine(s.t, time.Minute, "serving HTTP API")
 }
 
 func startChatSite(t *testing.T) *chatSite {
@@ -100,7 +78,7 @@ func startChatSite(t *testing.T) *chatSite {
 	example := filepath.Join(repoDir(), "examples", "chat-usechat")
 	npmReady(t, example)
 	testenv.StartPlainBatonBuild()
-	s := &chatSite{t: t, db: testenv.Database(t), natsURL: testenv.StartNATS(t).URL, artifact: artifactDir(t)}
+	s := &chatSite{artifact: artifactDir(t)}
 	// The page, built from the example's sources as its build script does.
 	dist := t.TempDir()
 	build := exec.Command("node", "build.mjs", dist)
@@ -113,17 +91,9 @@ func startChatSite(t *testing.T) *chatSite {
 	out, err = gobuild.CombinedOutput()
 	require.NoError(t, err, "build the example's server: %s", out)
 
-	s.bin = testenv.PlainBatonBinary(t)
 	model := agenttest.NewResponder(t, chatModel)
-	port, err := pgcluster.FreePort()
-	require.NoError(t, err)
-	s.apiAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	s.start("relay", "relay", "--database-url", s.db.URL, "--nats-url", s.natsURL, "--slot", "baton_"+s.db.Name).
-		WaitLine(t, time.Minute, "connected; streaming")
-	s.startAPI()
-	s.start("worker", "worker", "--database-url", s.db.URL, "--nats-url", s.natsURL,
-		"--agent", "openai", "--model-base-url", model.BaseURL(), "--model", "test").
-		WaitLine(t, time.Minute, "worker started")
+	s.processStack = startProcessStack(t)
+	s.startWorker(model.BaseURL())
 	sitePort, err := pgcluster.FreePort()
 	require.NoError(t, err)
 	siteAddr := fmt.Sprintf("127.0.0.1:%d", sitePort)
