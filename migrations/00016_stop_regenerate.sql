@@ -40,7 +40,7 @@ INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
   ('agent_runs', 'baton_api', 'SELECT', '{id,status,reply_message_id,outbox_ids}',
    'the chat adapter finds the reply of a run, and the reply id of a running turn'),
   ('messages', 'baton_api', 'UPDATE', '{superseded_at}', 'RegenerateTx marks the replaced reply superseded'),
-  ('operations', 'baton_api', 'SELECT', '{run_id,message_id,tool_call_id,tool,arguments,status,result}',
+  ('operations', 'baton_api', 'SELECT', '{id,run_id,message_id,tool_call_id,tool,arguments,status,result}',
    'the chat history shows the tool calls of each reply');
 
 UPDATE baton_grants SET columns = columns || '{generation,stopped_at}'

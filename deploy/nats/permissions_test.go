@@ -56,6 +56,7 @@ func TestShippedClusterGivesEachComponentWhatItNeedsAndNoMore(t *testing.T) {
 		{"api owns the events stream", checkAPIOwnsTheEventsStream},
 		{"worker runs turns", checkWorkerRunsTurns},
 		{"live deltas and events reach the api", checkLiveAndEventsReachTheAPI},
+		{"stop notices and snapshot requests reach the worker", checkStopsAndSnapshotsReachTheWorker},
 		{"group owns its durable", checkGroupOwnsItsDurable},
 		{"replay resets a group", checkReplayResetsAGroup},
 		{"status reads", checkStatusReads},
@@ -258,6 +259,50 @@ func checkWorkerRunsTurns(ctx context.Context, c *cluster) error {
 		return err
 	}
 	return fetchAndAck(ctx, worker, "worker", cons)
+}
+
+// checkStopsAndSnapshotsReachTheWorker: the API tells the worker of a
+// stop, and asks it for a running reply's snapshot, which the worker
+// answers.
+func checkStopsAndSnapshotsReachTheWorker(ctx context.Context, c *cluster) error {
+	node := c.Servers[0].ClientURL()
+	api, err := c.dialAt("api", node)
+	if err != nil {
+		return err
+	}
+	defer api.nc.Close()
+	worker, err := c.dialAt("worker", node)
+	if err != nil {
+		return err
+	}
+	defer worker.nc.Close()
+	stops := make(chan *nats.Msg, 1)
+	if err := worker.allowed(ctx, "worker hears stop notices and snapshot requests", func(context.Context) error {
+		if _, err := worker.nc.ChanSubscribe(batonnats.StopPrefix+".>", stops); err != nil {
+			return err
+		}
+		_, err := worker.nc.Subscribe(batonnats.SnapshotPrefix+".>", func(m *nats.Msg) { _ = m.Respond([]byte(`{"run_id":"run_1","seq":0,"parts":[]}`)) })
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := api.allowed(ctx, "api tells of a stop", func(context.Context) error {
+		return api.nc.Publish(batonnats.StopSubject(conversation, "run_1"), nil)
+	}); err != nil {
+		return err
+	}
+	select {
+	case <-stops:
+	case <-time.After(10 * time.Second):
+		return errors.New("the api's stop notice did not reach the worker within 10s")
+	}
+	return api.allowed(ctx, "api asks the worker for a snapshot", func(ctx context.Context) error {
+		m, err := api.nc.RequestWithContext(ctx, batonnats.SnapshotSubject(conversation, "run_1"), nil)
+		if err == nil && !strings.Contains(string(m.Data), "run_1") {
+			err = fmt.Errorf("the snapshot answer is %q", m.Data)
+		}
+		return err
+	})
 }
 
 func checkLiveAndEventsReachTheAPI(ctx context.Context, c *cluster) error {
