@@ -365,6 +365,23 @@ func TestTheChatAdapter(t *testing.T) {
 		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.public_id = 'twice' AND m.role = 'user'`))
 	})
 
+	t.Run("a message sent while a reply streams supersedes it, and both streams end with the reply that covers them", func(t *testing.T) {
+		t.Parallel()
+		first := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("burst", "b1", "slow 300"))
+		first.untilDeltas(2)
+		second := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("burst", "b2", "slow 8"))
+		second.rest()
+		first.rest()
+		want := agenttest.Steady(8, 0).Content
+		require.Equal(t, want, second.text())
+		require.True(t, strings.HasSuffix(first.text(), want), "the first stream ends with the reply too: %q", first.text())
+		require.Equal(t, first.first("start")["messageId"], second.first("start")["messageId"], "one reply, one id")
+		h := s.history(t, s.alice, "burst")
+		require.Len(t, h, 3, "two messages, one reply")
+		require.Equal(t, second.first("start")["messageId"], h[2]["id"])
+		require.Equal(t, want, textOf(h[2]))
+	})
+
 	t.Run("a resumed stream from another API process shows the whole reply exactly once", func(t *testing.T) {
 		t.Parallel()
 		post := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("resumed", "r1", "slow 60"))
