@@ -83,19 +83,31 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 // user's quota, and returns the chat's key and the message's outbox row. A
 // message stored before (the same POST again) is not stored twice: its
 // turn is followed.
+//
+// A new chat commits before its first message: a worker's claim finds a
+// conversation by its row, which the message's transaction locks until
+// its commit is visible (see schema.ClaimTx); a conversation created in
+// that same transaction has no row to wait on yet, and a claim that came
+// early would take it for deleted. When the message is then refused, the
+// chat, still empty, goes again.
 func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string) (string, int64, error) {
-	var res schema.InsertResult
+	var created bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := schema.GetConversation(ctx, tx, owner, chatID); errors.Is(err, schema.ErrNotFound) {
-			if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
-				return err
-			}
-			if _, _, err := schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content)); err != nil {
-				return err
-			}
-		} else if err != nil {
+		_, err := schema.GetConversation(ctx, tx, owner, chatID)
+		if !errors.Is(err, schema.ErrNotFound) {
 			return err
 		}
+		if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
+			return err
+		}
+		_, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
+		return err
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	var res schema.InsertResult
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = schema.InsertMessageTx(ctx, tx, schema.UserMessage{
 			OwnerID: owner, ConversationID: chatID, MessageID: messageID, Content: content,
@@ -104,6 +116,11 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 		return err
 	})
 	if err != nil {
+		if created {
+			if _, derr := schema.DeleteEmptyConversation(context.WithoutCancel(ctx), s.pool, owner, chatID); derr != nil {
+				s.log.Warn().Err(derr).Msg("remove a chat created for a refused message")
+			}
+		}
 		return "", 0, err
 	}
 	if res.Existed {

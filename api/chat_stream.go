@@ -25,6 +25,11 @@ const (
 	// heldDeltas bounds the live deltas a stream holds for runs it does
 	// not know yet (their processing event may come after them).
 	heldDeltas = 256
+	// lookupEvery is how often a stream waiting for its turn may ask the
+	// database which run a live delta it cannot place comes from, rather
+	// than wait for the run's processing event (which a busy events
+	// stream delivers later than the deltas).
+	lookupEvery = 250 * time.Millisecond
 )
 
 // chatFollower streams the reply that answers one outbox row: it reads the
@@ -47,13 +52,18 @@ type chatFollower struct {
 	// held are deltas of runs not known yet, by run.
 	held  map[string][]batonnats.LiveDelta
 	nheld int
+	// lastLookup is when the database was last asked about a delta's run;
+	// others are runs it said are not this stream's (an earlier turn of
+	// the conversation, say).
+	lastLookup time.Time
+	others     map[string]bool
 }
 
 // follow streams until the reply's end, the client's leaving or the
 // server's closing. The listener must be registered before the row's state
 // is first read (check), so that nothing between is missed.
 func (f *chatFollower) follow(ctx context.Context) {
-	f.held = map[string][]batonnats.LiveDelta{}
+	f.held, f.others = map[string][]batonnats.LiveDelta{}, map[string]bool{}
 	f.check(ctx)
 	f.out.flush()
 	tick := time.NewTicker(sseHeartbeat)
@@ -150,12 +160,12 @@ func (f *chatFollower) begin(ctx context.Context, run, replyID string, eager boo
 	f.out.start(replyID)
 	f.run, f.synced, f.lastSnapshot = run, false, time.Time{}
 	f.reply = batonnats.LiveReply{RunID: run}
-	if eager {
-		f.snapshot(ctx)
-	}
 	held := f.held[run]
 	delete(f.held, run)
 	f.nheld -= len(held)
+	if eager && (len(held) == 0 || held[0].Seq != 1) {
+		f.snapshot(ctx)
+	}
 	for _, d := range held {
 		f.apply(ctx, d)
 	}
@@ -171,10 +181,22 @@ func (f *chatFollower) delta(ctx context.Context, d *liveDelta) {
 		return
 	}
 	if d.runID != f.run {
+		if f.others[d.runID] {
+			return
+		}
 		// Its processing event may still come: hold it, a few at most.
 		if f.nheld < heldDeltas {
 			f.held[d.runID] = append(f.held[d.runID], d.delta)
 			f.nheld++
+		}
+		if f.run == "" && time.Since(f.lastLookup) >= lookupEvery {
+			// The deltas came before the event: the database knows
+			// whether the run is this stream's.
+			f.lastLookup = time.Now()
+			f.check(ctx)
+			if f.run != d.runID && len(f.others) < heldDeltas {
+				f.others[d.runID] = true
+			}
 		}
 		return
 	}

@@ -339,6 +339,12 @@ func TestTheChatAdapter(t *testing.T) {
 		require.Equal(t, replyID, again.first("start")["messageId"], "the same POST again attaches to the same turn")
 		require.Equal(t, "echo: hello there", again.text())
 		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id = 'plain'`), "and never starts a second one")
+		// A worker's claim waits for the message's transaction on the
+		// conversation's row; a conversation made in that same transaction
+		// would have no row to wait on, and an early claim would take it
+		// for deleted and drop the trigger.
+		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM conversations c JOIN messages m ON m.conversation_id = c.id
+			WHERE c.public_id = 'plain' AND m.public_id = 'p1' AND c.xmin::text <> m.xmin::text`), "a new chat commits before its first message")
 	})
 
 	t.Run("two concurrent identical POSTs make one turn and both streams carry its reply", func(t *testing.T) {
