@@ -27,15 +27,17 @@ import (
 //     model answers in 150 ms; 300 lone messages to distinct chats, 50 ms
 //     apart), against the same through POST
 //     /v1/conversations/{cid}/messages, interleaved;
+//
 //   - the model's answer ending to the client reading `finish` (the reply
 //     committed and read back), against the same turns' replied events
 //     reaching a NATS subscriber beside the API (the commit published);
+//
 //   - a model's token leaving the model server to the text-delta chunk
 //     that carries it read by the client, with 1 chat streaming and with
 //     1,000 at once, against the same tokens' live deltas reaching a NATS
 //     subscriber beside the API (the worker's publication).
 //
-//	go test -run '^$' -bench BenchmarkChat -benchtime 1x ./api/
+//     go test -run '^$' -bench BenchmarkChat -benchtime 1x ./api/
 func BenchmarkChat(b *testing.B) {
 	for range b.N {
 		chatOnce(b)
