@@ -65,47 +65,71 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 
-	var key string
-	var row int64
-	if req.Trigger == triggerRegenerate {
-		key, row, err = s.regenerate(r.Context(), user.ID, req.ChatID, messageID, req.MessageID)
-	} else {
-		key, row, err = s.submit(r.Context(), user.ID, req.ChatID, messageID, content)
-	}
+	ctx := r.Context()
+	// The chat's key first (a new chat is made here), so that the stream
+	// listens before the write: every event of the turn that answers it
+	// then reaches the stream, and only a message stored before needs the
+	// database's word on where its turn stands.
+	key, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
 	if err != nil {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, key, row)
+	l, _ := s.hub.listen(key)
+	defer s.hub.forget(key, l)
+	var row int64
+	var existed bool
+	if req.Trigger == triggerRegenerate {
+		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID)
+	} else {
+		row, existed, err = s.submit(ctx, user.ID, req.ChatID, messageID, content)
+	}
+	if err != nil {
+		if created {
+			// The chat was made for this message: it goes with it.
+			if _, derr := schema.DeleteEmptyConversation(context.WithoutCancel(ctx), s.pool, user.ID, req.ChatID); derr != nil {
+				s.log.Warn().Err(derr).Msg("remove a chat created for a refused message")
+			}
+		}
+		s.refuseChat(w, r, req.ChatID, err)
+		return
+	}
+	s.streamReply(w, r, key, row, l, existed)
 }
 
-// submit stores the new message, creating the chat on first use within the
-// user's quota, and returns the chat's key and the message's outbox row. A
-// message stored before (the same POST again) is not stored twice: its
-// turn is followed.
+// chatKey returns the key of the user's chat, creating it on first use
+// (with create) within the user's quota, in a transaction of its own.
 //
 // A new chat commits before its first message: a worker's claim finds a
 // conversation by its row, which the message's transaction locks until
 // its commit is visible (see schema.ClaimTx); a conversation created in
 // that same transaction has no row to wait on yet, and a claim that came
-// early would take it for deleted. When the message is then refused, the
-// chat, still empty, goes again.
-func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string) (string, int64, error) {
-	var created bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := schema.GetConversation(ctx, tx, owner, chatID)
-		if !errors.Is(err, schema.ErrNotFound) {
+// early would take it for deleted.
+func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content string, create bool) (key string, created bool, err error) {
+	// Most requests are to a chat that exists: one round trip.
+	if c, err := schema.GetConversation(ctx, s.pool, owner, chatID); err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
+		return c.Key, false, err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		c, err := schema.GetConversation(ctx, tx, owner, chatID)
+		if err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
+			key = c.Key
 			return err
 		}
 		if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
-		_, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
+		c, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
+		key = c.Key
 		return err
 	})
-	if err != nil {
-		return "", 0, err
-	}
+	return key, created, err
+}
+
+// submit stores the new message in the user's chat and returns its outbox
+// row. A message stored before (the same POST again) is not stored twice:
+// existed is set, and its turn is followed.
+func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string) (row int64, existed bool, err error) {
 	var res schema.InsertResult
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
@@ -116,12 +140,7 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 		return err
 	})
 	if err != nil {
-		if created {
-			if _, derr := schema.DeleteEmptyConversation(context.WithoutCancel(ctx), s.pool, owner, chatID); derr != nil {
-				s.log.Warn().Err(derr).Msg("remove a chat created for a refused message")
-			}
-		}
-		return "", 0, err
+		return 0, false, err
 	}
 	if res.Existed {
 		s.metrics.messages.WithLabelValues("retry").Inc()
@@ -132,9 +151,9 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 		}, "message-"+res.MessageKey)
 	}
 	if res.OutboxID == 0 {
-		return "", 0, errNoTurn
+		return 0, true, errNoTurn
 	}
-	return res.ConversationKey, res.OutboxID, nil
+	return res.OutboxID, res.Existed, nil
 }
 
 // errNoTurn: the message was stored so long ago that its outbox row was
@@ -142,9 +161,8 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 var errNoTurn = errors.New("the message's turn is too old to follow")
 
 // regenerate puts the newest turn of the chat, the one that answered
-// messageID, back to be answered again, and returns the chat's key and the
-// turn's oldest row.
-func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string) (string, int64, error) {
+// messageID, back to be answered again, and returns the turn's oldest row.
+func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string) (int64, error) {
 	var out schema.Regenerated
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
@@ -158,10 +176,10 @@ func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID,
 		return schema.AnnounceTx(ctx, tx, batonnats.ReasonUserRetry, out.OutboxIDs)
 	})
 	if err != nil {
-		return "", 0, err
+		return 0, err
 	}
 	s.publishEvent(ctx, batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: out.ConversationKey, OutboxIDs: out.OutboxIDs}, "")
-	return out.ConversationKey, out.OutboxIDs[0], nil
+	return out.OutboxIDs[0], nil
 }
 
 // chatTitle is a new chat's title: the start of its first message.
@@ -190,15 +208,16 @@ func (s *Server) chatsLive(w http.ResponseWriter) bool {
 }
 
 // streamReply answers with the UI message stream of the reply that answers
-// the outbox row of the conversation with the given key.
-func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64) {
+// the outbox row of the conversation with the given key, from what l (a
+// listener registered on the conversation before the row could change)
+// hands it; with check, it reads the row's state first, for what came
+// before l.
+func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64, l *listener, check bool) {
 	sw := streamResponse(w, s.cfg.WriteTimeout)
-	l, _ := s.hub.listen(key)
-	defer s.hub.forget(key, l)
 	out := newUIStream(sw)
 	out.begin()
 	f := &chatFollower{s: s, key: key, row: row, l: l, out: out}
-	f.follow(r.Context())
+	f.follow(r.Context(), check)
 }
 
 // streamResponse lifts a request's deadlines for a long answer: each write
@@ -285,7 +304,9 @@ func (s *Server) resumeChat(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	s.streamReply(w, r, c.Key, row)
+	l, _ := s.hub.listen(c.Key)
+	defer s.hub.forget(c.Key, l)
+	s.streamReply(w, r, c.Key, row, l, true)
 }
 
 // stopConversation stops a conversation's turn: the stop commits, then the

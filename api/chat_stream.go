@@ -25,10 +25,10 @@ const (
 	// heldDeltas bounds the live deltas a stream holds for runs it does
 	// not know yet (their processing event may come after them).
 	heldDeltas = 256
-	// lookupEvery is how often a stream waiting for its turn may ask the
-	// database which run a live delta it cannot place comes from, rather
-	// than wait for the run's processing event (which a busy events
-	// stream delivers later than the deltas).
+	// lookupEvery is how long a stream waiting for its turn holds the
+	// deltas of a run it cannot place before it asks the database which
+	// run they come from, and how often it asks at most: the run's
+	// processing event, which says it, may come late or be lost.
 	lookupEvery = 250 * time.Millisecond
 )
 
@@ -49,9 +49,10 @@ type chatFollower struct {
 	synced bool
 	// lastSnapshot is when a snapshot of run was last asked for.
 	lastSnapshot time.Time
-	// held are deltas of runs not known yet, by run.
-	held  map[string][]batonnats.LiveDelta
-	nheld int
+	// held are deltas of runs not known yet, by run, held since heldAt.
+	held   map[string][]batonnats.LiveDelta
+	heldAt map[string]time.Time
+	nheld  int
 	// lastLookup is when the database was last asked about a delta's run;
 	// others are runs it said are not this stream's (an earlier turn of
 	// the conversation, say).
@@ -60,11 +61,14 @@ type chatFollower struct {
 }
 
 // follow streams until the reply's end, the client's leaving or the
-// server's closing. The listener must be registered before the row's state
-// is first read (check), so that nothing between is missed.
-func (f *chatFollower) follow(ctx context.Context) {
-	f.held, f.others = map[string][]batonnats.LiveDelta{}, map[string]bool{}
-	f.check(ctx)
+// server's closing. The listener must be registered before the row could
+// change, or before the row's state is first read (check), so that
+// nothing between is missed.
+func (f *chatFollower) follow(ctx context.Context, check bool) {
+	f.held, f.heldAt, f.others = map[string][]batonnats.LiveDelta{}, map[string]time.Time{}, map[string]bool{}
+	if check {
+		f.check(ctx)
+	}
 	f.out.flush()
 	tick := time.NewTicker(sseHeartbeat)
 	defer tick.Stop()
@@ -163,6 +167,7 @@ func (f *chatFollower) begin(ctx context.Context, run, replyID string, eager boo
 	held := f.held[run]
 	delete(f.held, run)
 	f.nheld -= len(held)
+	clear(f.heldAt)
 	if eager && (len(held) == 0 || held[0].Seq != 1) {
 		f.snapshot(ctx)
 	}
@@ -186,10 +191,13 @@ func (f *chatFollower) delta(ctx context.Context, d *liveDelta) {
 		}
 		// Its processing event may still come: hold it, a few at most.
 		if f.nheld < heldDeltas {
+			if len(f.held[d.runID]) == 0 {
+				f.heldAt[d.runID] = time.Now()
+			}
 			f.held[d.runID] = append(f.held[d.runID], d.delta)
 			f.nheld++
 		}
-		if f.run == "" && time.Since(f.lastLookup) >= lookupEvery {
+		if f.run == "" && time.Since(f.heldAt[d.runID]) >= lookupEvery && time.Since(f.lastLookup) >= lookupEvery {
 			// The deltas came before the event: the database knows
 			// whether the run is this stream's.
 			f.lastLookup = time.Now()
