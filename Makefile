@@ -56,7 +56,7 @@ dev: deps build
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
 # processes that limit a figure.
 BENCH_REPORT ?= bin/bench-report.jsonl
-BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkRelayDrain|BenchmarkRelayLatency'
+BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
