@@ -108,13 +108,17 @@ func LiveText(events []LiveDelta) string {
 // LiveReply is the reply of one run as its live deltas show it so far:
 // text and tool calls in the order they came. It is also the answer to a
 // snapshot request (SnapshotSubject): what a client that joins the run
-// late shows first, Seq the last delta it folds in.
+// late shows first, Seq the last delta it folds in. A copy that Apply is
+// called on must not be copied again.
 type LiveReply struct {
 	RunID string     `json:"run_id"`
 	Seq   int64      `json:"seq"`
 	Parts []LivePart `json:"parts"`
 	// Done is set once the agent finished writing (DeltaDone).
 	Done bool `json:"done,omitempty"`
+	// tail builds the text of the last part while deltas append to it, so
+	// that a long reply is not copied whole at each delta.
+	tail *strings.Builder
 }
 
 // Kinds of LivePart.
@@ -155,16 +159,27 @@ func (r *LiveReply) Apply(d LiveDelta) {
 	}
 	switch d.Type {
 	case DeltaText:
-		if n := len(r.Parts); n > 0 && r.Parts[n-1].Type == PartText {
-			r.Parts[n-1].Text += d.Text
-		} else if d.Text != "" {
-			r.Parts = append(r.Parts, LivePart{Type: PartText, Text: d.Text})
+		n := len(r.Parts)
+		if n == 0 || r.Parts[n-1].Type != PartText {
+			if d.Text == "" {
+				return
+			}
+			r.Parts, r.tail = append(r.Parts, LivePart{Type: PartText}), nil
+			n++
 		}
+		if r.tail == nil {
+			r.tail = &strings.Builder{}
+			r.tail.WriteString(r.Parts[n-1].Text)
+		}
+		r.tail.WriteString(d.Text)
+		r.Parts[n-1].Text = r.tail.String()
 	case DeltaReset:
+		r.tail = nil
 		r.reset(d.Text)
 	case DeltaDone:
 		r.Done = true
 	case DeltaToolInput:
+		r.tail = nil
 		r.Parts = append(r.Parts, LivePart{Type: PartTool, ToolCallID: d.ToolCallID, Tool: d.Tool, Input: d.Input, State: ToolInputAvailable})
 	case DeltaToolOutput, DeltaToolError:
 		for i := len(r.Parts) - 1; i >= 0; i-- {
@@ -210,12 +225,6 @@ func (r LiveReply) Text() string {
 		}
 	}
 	return b.String()
-}
-
-// Clone returns a copy of r that shares nothing with it.
-func (r LiveReply) Clone() LiveReply {
-	r.Parts = slices.Clone(r.Parts)
-	return r
 }
 
 // SnapshotPrefix is the first tokens of the subjects on which a client that
