@@ -86,8 +86,11 @@ func TestMutatedAccountsFileFailsTheChecks(t *testing.T) {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		if f == "accounts.conf" {
-			// The worker loses the acknowledgement of its triggers.
-			b = mutate(t, b, "$BATON_NATS_NKEY_WORKER", `"$JS.ACK.BATON_OUTBOX.turns.>"`, "")
+			// The worker loses the pulling of its triggers. (Not their
+			// acknowledgement: the worker may answer what it receives,
+			// allow_responses, for the API's snapshot requests, and an
+			// acknowledgement is an answer to a pulled message.)
+			b = mutate(t, b, "$BATON_NATS_NKEY_WORKER", `"$JS.API.CONSUMER.MSG.NEXT.BATON_OUTBOX.turns"`, "")
 			// The api may publish on every Baton subject.
 			b = mutate(t, b, "$BATON_NATS_NKEY_API", `"baton.events.>"`, `"baton.>"`)
 		}
@@ -100,8 +103,8 @@ func TestMutatedAccountsFileFailsTheChecks(t *testing.T) {
 	require.NoError(t, checkRelayOwnsTheOutboxStream(ctx, c), "what the mutation did not touch still works")
 	require.NoError(t, checkAPIOwnsTheEventsStream(ctx, c), "what the mutation did not touch still works")
 	err := checkWorkerRunsTurns(ctx, c)
-	require.ErrorContains(t, err, "refused by the server", "without its ack permission the worker check must fail")
-	require.ErrorContains(t, err, "$JS.ACK.BATON_OUTBOX.turns")
+	require.ErrorContains(t, err, "refused by the server", "without its pull permission the worker check must fail")
+	require.ErrorContains(t, err, "$JS.API.CONSUMER.MSG.NEXT.BATON_OUTBOX.turns")
 	err = checkAPICannotPublishTriggers(ctx, c)
 	require.ErrorContains(t, err, "want a permissions violation", "with baton.> the api check must fail")
 }
