@@ -162,7 +162,7 @@ func TestAWorkerThatMissesTheStopNoticeStopsAtItsNextRenewal(t *testing.T) {
 	b.stop("c", false)
 	evs.wait(t, 10*time.Second, key, batonnats.EventStopped)
 	require.Equal(t, 1, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped AND content <> ''`))
-	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs WHERE status = 'stopped'`))
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_runs r JOIN messages m ON m.id = r.reply_message_id WHERE r.status = 'finalized' AND m.stopped`))
 }
 
 // TestASnapshotIsTheReplySoFarUpToItsSeq: a client that joins a run late

@@ -17,10 +17,9 @@
 -- the conversation row, which every claim, renewal, finalize and recovery
 -- of the run locks or updates: each of them reads it as the stop left it.
 -- Only the run it names is stopped; a later run never matches it.
+-- A run that a stop ended is finalized like any run that wrote its reply;
+-- the reply says it was stopped.
 ALTER TABLE conversations ADD COLUMN stop_run_id TEXT;
-ALTER TABLE agent_runs DROP CONSTRAINT agent_runs_status_check;
-ALTER TABLE agent_runs ADD CONSTRAINT agent_runs_status_check
-  CHECK (status IN ('running', 'finalized', 'failed', 'cancelled', 'abandoned', 'recovered', 'superseded', 'stopped'));
 
 -- generation: how many times the row was put back to be answered again
 -- (regenerate); a turn's identity and its reply's id include it.
@@ -65,9 +64,5 @@ UPDATE baton_grants SET columns = array_remove(columns, 'stopped')
 WHERE object = 'messages' AND role = 'baton_worker' AND privilege = 'INSERT';
 ALTER TABLE messages DROP COLUMN superseded_at, DROP COLUMN stopped;
 ALTER TABLE agent_outbox DROP COLUMN stopped_at, DROP COLUMN generation;
-UPDATE agent_runs SET status = 'cancelled' WHERE status = 'stopped';
-ALTER TABLE agent_runs DROP CONSTRAINT agent_runs_status_check;
-ALTER TABLE agent_runs ADD CONSTRAINT agent_runs_status_check
-  CHECK (status IN ('running', 'finalized', 'failed', 'cancelled', 'abandoned', 'recovered', 'superseded'));
 ALTER TABLE conversations DROP COLUMN stop_run_id;
 SELECT baton_apply_grants();

@@ -95,13 +95,9 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 		return Finalized{}, fmt.Errorf("finalize: attach operations: %w", err)
 	}
 	out.Operations = tag.RowsAffected()
-	status := "finalized"
-	if f.Stopped {
-		status = "stopped"
-	}
 	if _, err := tx.Exec(ctx, `
-		UPDATE agent_runs SET status = $3, reply_message_id = $2, finished_at = clock_timestamp()
-		WHERE id = $1`, f.RunID, out.MessageID, status); err != nil {
+		UPDATE agent_runs SET status = 'finalized', reply_message_id = $2, finished_at = clock_timestamp()
+		WHERE id = $1`, f.RunID, out.MessageID); err != nil {
 		return Finalized{}, fmt.Errorf("finalize: record run: %w", err)
 	}
 	return out, nil

@@ -61,7 +61,8 @@ func TestAStopSettlesWaitingMessagesAndEndsTheRunningTurnStopped(t *testing.T) {
 	require.True(t, out.Stopped, "a run asked to stop ends stopped")
 	require.Equal(t, c.ReplyID(), out.MessageID)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped AND content = 'partial'`), "the partial reply is kept, marked stopped")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'stopped'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'finalized' AND reply_message_id = $1`, out.MessageID),
+		"the run is finalized with its stopped reply")
 
 	b.send(t, "c", "m3", "three")
 	p.RunID = "run-2"

@@ -414,8 +414,7 @@ ops AS (
 	WHERE p.run_id = reply.run_id AND p.message_id IS NULL
 	RETURNING p.run_id),
 run AS (
-	UPDATE agent_runs a SET status = CASE WHEN reply.stopped THEN 'stopped' ELSE 'finalized' END,
-		reply_message_id = reply.id, finished_at = clock_timestamp()
+	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
 	FROM reply WHERE a.id = reply.run_id
 	RETURNING 1)
 SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),

@@ -127,7 +127,8 @@ func (s *stopLoad) run(t testing.TB, prefix string, n int, kill bool) []time.Dur
 
 	const runs = `FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id LIKE $1 || '-%'`
 	require.Equal(t, n, s.count(t, `SELECT count(*) `+runs, prefix), "one run each: none retried")
-	require.Equal(t, n, s.count(t, `SELECT count(*) `+runs+` AND r.status = 'stopped'`, prefix), "each run ended stopped")
+	require.Equal(t, n, s.count(t, `SELECT count(*) `+runs+` AND r.status = 'finalized'
+		AND EXISTS (SELECT 1 FROM messages m WHERE m.id = r.reply_message_id AND m.stopped)`, prefix), "each run ended with its stopped reply")
 	const msgs = `FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.public_id LIKE $1 || '-%'`
 	require.Equal(t, n, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'assistant' AND m.stopped`, prefix), "each turn has its stopped reply")
 	require.Equal(t, n, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'assistant'`, prefix), "and no other reply")
