@@ -289,8 +289,9 @@ func TestTheUseChatExampleAgainstBaton(t *testing.T) {
 		tb.wait("the conversation", `document.getElementById("convtitle").textContent === "stoppable" && document.getElementById("conn").classList.contains("live")`, 20*time.Second)
 		require.NoError(t, chromedp.Do(ctx, chromedp.SetValue("#input", "slow 300"), chromedp.Click("#send")))
 		tb.wait("the streamed text", `[...document.querySelectorAll('.msg.streaming')].some(e => e.textContent.includes("w3"))`, 30*time.Second)
-		tb.wait("the Stop button", `!!document.getElementById("stop")`, 10*time.Second)
-		require.NoError(t, chromedp.Do(ctx, chromedp.Click("#stop")))
+		// The page draws its state again at each delta: the button is
+		// clicked where it is at that moment.
+		tb.wait("the Stop button, clicked", `(() => { const b = document.getElementById("stop"); if (b) b.click(); return !!b; })()`, 10*time.Second)
 		tb.wait("the stopped reply", `[...document.querySelectorAll('.msg[data-role=assistant]')].some(e => e.textContent.includes("w3") && e.textContent.includes("stopped"))`, 15*time.Second)
 		tb.screenshot("reference-stopped")
 		require.False(t, tb.num(`document.querySelectorAll("#stop").length`) > 0, "nothing runs any more")
