@@ -7,7 +7,7 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean
+.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean docs image
 
 all: build
 
@@ -17,19 +17,22 @@ build:
 # Install what the machine lacks, from Debian's packages: the PostgreSQL
 # server binaries (for `baton dev` and the tests), Chromium (for the web
 # page tests), promtool (for the tests of the alert rules and the
-# dashboard) and Node.js with npm; test-deps also installs the npm packages
-# of NPM_DIRS, at the versions of their lockfiles.
+# dashboard), psycopg (for the Python producer example) and Node.js with
+# npm (for the real clients, servers and example apps some tests run,
+# whose packages test-deps installs).
 deps:
 	@./scripts/install-deps.sh postgres
 
-# The folders whose npm packages the tests use (the useChat example, and the
-# AI SDK's clients that read Baton's streams), installed from their
-# lockfiles.
-NPM_DIRS := examples/chat-usechat internal/e2e/aisdk
-
+# Folders whose npm packages the tests use (real clients and servers, the
+# example apps), installed from the lockfile beside each, again only when
+# the lockfile changed.
+NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything examples/producer-node examples/chat-usechat internal/e2e/aisdk
 test-deps:
-	@./scripts/install-deps.sh postgres chromium prometheus node
-	@for d in $(NPM_DIRS); do (cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; done
+	@./scripts/install-deps.sh postgres chromium prometheus chaos node psycopg tour
+	@for d in $(NPM_DIRS); do \
+		[ $$d/node_modules/.package-lock.json -nt $$d/package-lock.json ] || \
+		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
+	done
 
 test: test-deps
 	$(GO) vet $(PKGS)
@@ -44,6 +47,22 @@ vet:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+# The generated parts of the reference pages: every command and setting
+# from the binary's flags (docs/reference/cli.md), every metric from the
+# code's declarations (docs/reference/metrics.md). A test fails when the
+# checked-in pages differ from what the code says.
+docs:
+	$(GO) run ./internal/docgen/cmd/docgen
+
+# Baton's OCI image, built with Go alone (no container engine): the static
+# binary on an empty base, as a user without privileges, no shell, the
+# version in its labels. Writes bin/baton-image.tar (load it with
+# `docker load`, `podman load` or push it with crane).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE   ?= baton:$(VERSION)
+image:
+	$(GO) run ./deploy/image/make-image --version $(VERSION) --tag $(IMAGE) --out bin/baton-image.tar
+
 dev: deps build
 	./$(BIN) dev
 
@@ -56,12 +75,12 @@ dev: deps build
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
 # processes that limit a figure.
 BENCH_REPORT ?= bin/bench-report.jsonl
-BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency'
+BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
 	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
-		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ || status=$$?; \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ ./schema/ || status=$$?; \
 	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
 	exit $$status
 
@@ -70,6 +89,7 @@ bench: deps build
 # run. The binary is built without -race: a dozen processes share the CPUs.
 CHAOS_ARGS ?=
 chaos: deps build
+	@./scripts/install-deps.sh chaos
 	$(GO) run ./chaos/cmd/chaos --binary $(BIN) $(CHAOS_ARGS)
 
 clean:

@@ -71,13 +71,25 @@ func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.Too
 		// showed.
 		lv.publish(batonnats.DeltaReset, "")
 	}
-	toolParams := a.cfg.Tools.params()
+	reg := a.cfg.Tools
+	if turn.Tools != nil {
+		// The tools listed for this turn (an MCP server's among them).
+		reg = registryOf(turn.Tools)
+	}
+	toolParams := reg.params()
 	t := &turnLoop{
-		OpenAI: a, log: log, live: lv, tools: tools, ids: map[string]bool{},
+		OpenAI: a, log: log, live: lv, tools: tools, reg: reg, ids: map[string]bool{},
 		attempt: max(turn.Attempt, 1), toolParams: toolParams,
 		window: newWindow(a.cfg, turn, toolParams),
+		resume: turn.Resume,
 	}
 	reply, err := t.run(ctx)
+	var suspended *consumer.Suspended
+	if errors.As(err, &suspended) {
+		// What this run showed comes back when the turn resumes.
+		lv.failed()
+		return consumer.Reply{}, err
+	}
 	if err != nil {
 		if !errors.Is(err, consumer.ErrStopped) {
 			// A stopped turn keeps what it showed: that is its reply.
@@ -103,10 +115,28 @@ type turnLoop struct {
 	calls int
 	// ids are the tool call IDs given to the journal in this run.
 	ids map[string]bool
+	// reg is the turn's tools.
+	reg *Registry
+	// resume is the approval the turn resumes from, until its call was
+	// answered.
+	resume *consumer.Resume
+	// rounds are the turn's tool rounds so far, as a suspension keeps them.
+	rounds []savedRound
 }
 
 func (t *turnLoop) run(ctx context.Context) (consumer.Reply, error) {
-	for round := 0; ; round++ {
+	round := 0
+	if t.resume != nil {
+		step, err := t.restore()
+		if err != nil {
+			return consumer.Reply{}, err
+		}
+		if err := t.finishStep(ctx, step.Round, step.Content, step.Calls, step.Results); err != nil {
+			return consumer.Reply{}, err
+		}
+		round = step.Round + 1
+	}
+	for ; ; round++ {
 		req, err := t.window.next(ctx)
 		if err != nil {
 			return consumer.Reply{}, err
@@ -143,14 +173,30 @@ func (t *turnLoop) run(ctx context.Context) (consumer.Reply, error) {
 			return consumer.Reply{}, &ModelError{Kind: ErrBudgetExceeded, User: userToolRounds, Message: fmt.Sprintf("the model was still calling tools after %d rounds, the most a turn may use (BATON_MAX_TOOL_ITERATIONS, --max-tool-iterations): raise it if turns need more", t.cfg.MaxToolIterations)}
 		}
 		calls := t.identify(round, st.calls)
-		results := make([]string, len(calls))
-		for i, c := range calls {
-			if results[i], err = t.callTool(ctx, c); err != nil {
-				return consumer.Reply{}, err
-			}
+		if err := t.finishStep(ctx, round, st.content, calls, nil); err != nil {
+			return consumer.Reply{}, err
 		}
-		t.window.addRound(st.content, calls, results)
 	}
+}
+
+// finishStep runs the calls of a step that have no result yet, in order,
+// and adds the step to the window. A call that waits for a person's
+// approval stops the turn there (*consumer.Suspended), with what it needs
+// to go on from that call.
+func (t *turnLoop) finishStep(ctx context.Context, round int, content string, calls []toolCall, results []string) error {
+	for i := len(results); i < len(calls); i++ {
+		out, err := t.callTool(ctx, calls[i])
+		if errors.Is(err, consumer.ErrNeedsApproval) {
+			return t.suspend(savedRound{Round: round, Content: content, Calls: calls, Results: results})
+		}
+		if err != nil {
+			return err
+		}
+		results = append(results, out)
+	}
+	t.window.addRound(content, calls, results)
+	t.rounds = append(t.rounds, savedRound{Round: round, Content: content, Calls: calls, Results: results})
+	return nil
 }
 
 // callsNote says how many tool calls a cut-off step left unrun.
@@ -189,22 +235,33 @@ func (t *turnLoop) identify(round int, calls []toolCall) []toolCall {
 // journal (lost lease, deleted conversation, database) ends the turn.
 func (t *turnLoop) callTool(ctx context.Context, c toolCall) (string, error) {
 	log := t.log.With().Str("tool", c.Name).Str("tool_call_id", c.ID).Logger()
-	tool, ok := t.cfg.Tools.lookup(c.Name)
-	if !ok {
-		log.Info().Msg("model called an unknown tool")
-		return fmt.Sprintf("error: there is no tool %q; the tools are: %s", c.Name, strings.Join(t.cfg.Tools.Names(), ", ")), nil
-	}
 	args := strings.TrimSpace(c.Arguments)
 	if args == "" {
 		args = "{}"
 	}
-	if err := tool.validate(json.RawMessage(args)); err != nil {
-		log.Info().Err(err).Msg("model called a tool with invalid arguments")
-		return "error: " + err.Error(), nil
+	if t.resume != nil && c.ID == t.resume.ToolCallID {
+		// The call a person decided on: the journal answers it by the
+		// decision, with the arguments it stored.
+		t.resume = nil
+	} else {
+		tool, ok := t.reg.lookup(c.Name)
+		if !ok {
+			log.Info().Msg("model called an unknown tool")
+			return fmt.Sprintf("error: there is no tool %q; the tools are: %s", c.Name, strings.Join(t.reg.Names(), ", ")), nil
+		}
+		if err := tool.validate(json.RawMessage(args)); err != nil {
+			log.Info().Err(err).Msg("model called a tool with invalid arguments")
+			return "error: " + err.Error(), nil
+		}
 	}
 	out, err := t.tools.Call(ctx, consumer.ToolCall{ID: c.ID, Tool: c.Name, Arguments: json.RawMessage(args)})
 	var te *ToolError
+	var denied *consumer.DeniedError
+	var notSent *consumer.NotSentError
 	switch {
+	case errors.As(err, &denied), errors.As(err, &notSent):
+		log.Info().Err(err).Msg("call not made")
+		return "error: " + err.Error(), nil
 	case errors.As(err, &te):
 		log.Info().Err(te.Err).Msg("tool failed")
 		return "error: " + te.Err.Error(), nil

@@ -109,6 +109,16 @@ func (l *live) commit(text string) {
 	l.step.Reset()
 }
 
+// restore makes the text a stopped turn had shown stand again, and shows
+// it to subscribers.
+func (l *live) restore(text string) {
+	if text == "" {
+		return
+	}
+	l.stands.WriteString(text)
+	l.publish(batonnats.DeltaReset, text)
+}
+
 // text is the reply so far: the text of the completed steps.
 func (l *live) text() string { return l.stands.String() }
 

@@ -63,6 +63,11 @@ type compiled struct {
 	spec       Tool
 	schema     *jsonschema.Schema
 	parameters map[string]any
+	// server, defSHA256 and approval are an MCP tool's: its server, the
+	// hash of its definition, and whether its calls wait for approval.
+	server    string
+	defSHA256 string
+	approval  bool
 }
 
 func compile(t Tool) (*compiled, error) {
@@ -118,12 +123,34 @@ func (c *compiled) Name() string            { return c.spec.Name }
 func (c *compiled) Version() string         { return c.spec.Version }
 func (c *compiled) Effect() consumer.Effect { return c.spec.Effect }
 
+// NeedsApproval: an MCP write the operator's policy marks waits for a
+// person (consumer.ApprovalTool).
+func (c *compiled) NeedsApproval() bool { return c.approval }
+
+// DefinitionSHA256 is an MCP tool's definition hash (consumer.DefinedTool).
+func (c *compiled) DefinitionSHA256() string { return c.defSHA256 }
+
+// IdempotencyKey is the key of a call (consumer.KeyedTool): an MCP
+// server's own, so that no two servers ever get the same one.
+func (c *compiled) IdempotencyKey(runID, toolCallID string) string {
+	if c.server != "" {
+		return mcpIdempotencyKey(c.server, runID, toolCallID)
+	}
+	return consumer.IdempotencyKey(runID, toolCallID)
+}
+
 // Call runs the handler. A handler's error is marked as the tool's, so the
 // agent can tell it from a journal error (a lost lease, a deleted
 // conversation), which must end the turn instead.
 func (c *compiled) Call(ctx context.Context, inv consumer.Invocation) (string, error) {
 	out, err := c.spec.Handler(ctx, inv)
-	if err != nil {
+	var unknown *consumer.OutcomeUnknownError
+	switch {
+	case errors.As(err, &unknown):
+		// Not the model's to react to: a write's effect may have
+		// happened, and the turn must fail visibly.
+		return "", err
+	case err != nil:
 		return "", &ToolError{Tool: c.spec.Name, Err: err}
 	}
 	return out, nil

@@ -32,20 +32,22 @@ var slotCounter atomic.Int64
 // stack is a real Postgres, NATS and relay, for turns run by the real
 // worker with the OpenAI agent.
 type stack struct {
-	t      *testing.T
+	t      testing.TB
 	db     *testenv.DB
 	nc     *natsclient.Conn
 	js     jetstream.JetStream
 	stream batonnats.StreamConfig
 	owner  int64
 	states chan batonnats.ConversationEvent
+	nats   *testenv.NATS
 }
 
-func newStack(t *testing.T) *stack {
+func newStack(t testing.TB) *stack {
 	t.Helper()
 	ctx := context.Background()
 	s := &stack{t: t, db: testenv.Database(t), states: make(chan batonnats.ConversationEvent, 64)}
-	s.nc, s.js = testenv.StartNATS(t).Connect(t)
+	s.nats = testenv.StartNATS(t)
+	s.nc, s.js = s.nats.Connect(t)
 	s.stream = batonnats.StreamConfig{Partitions: 4}.WithDefaults()
 	_, _, err := batonnats.ProvisionStream(ctx, s.js, s.stream, batonnats.ProvisionOptions{})
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/batonhq/baton/jwtauth"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -40,6 +41,13 @@ func (s *Server) authFrom(src tokenSource, h http.HandlerFunc) http.HandlerFunc 
 			unauthorized(w, "", problem)
 			return
 		}
+		if jwtauth.LooksLikeJWT(token) {
+			u, ok := s.authenticateJWT(w, r, token)
+			if ok {
+				h(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
+			}
+			return
+		}
 		u, err := schema.Authenticate(r.Context(), s.pool, token)
 		switch {
 		case errors.Is(err, schema.ErrNotFound):
@@ -57,6 +65,35 @@ func (s *Server) authFrom(src tokenSource, h http.HandlerFunc) http.HandlerFunc 
 		}
 		h(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	}
+}
+
+// authenticateJWT verifies a JWT and returns its user, made on first
+// sight; or answers the request and returns false. A refused token writes
+// nothing.
+func (s *Server) authenticateJWT(w http.ResponseWriter, r *http.Request, token string) (schema.User, bool) {
+	if s.jwt == nil {
+		unauthorized(w, "invalid_token", "this server accepts no JWTs, only Baton tokens: its operator sets --jwt-issuer or --jwt-hs256-secret-file to accept them")
+		return schema.User{}, false
+	}
+	id, err := s.jwt.Verify(r.Context(), token)
+	if err != nil {
+		var refused *jwtauth.Error
+		if !errors.As(err, &refused) {
+			s.internalError(w, r, err)
+			return schema.User{}, false
+		}
+		unauthorized(w, "invalid_token", refused.Error())
+		return schema.User{}, false
+	}
+	u, err := schema.EnsureUser(r.Context(), s.pool, id.UserName())
+	if err != nil {
+		s.internalError(w, r, err)
+		return schema.User{}, false
+	}
+	// No token row: the stream ends at the token's expiry, and a JWT
+	// cannot be revoked before it (the issuer keeps them short).
+	u.TokenExpiresAt = id.Expiry
+	return u, true
 }
 
 // unauthorized answers 401 with a WWW-Authenticate challenge (RFC 6750).

@@ -13,9 +13,6 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// maxTitleLength is the longest conversation title, in characters.
-const maxTitleLength = 500
-
 type createConversationRequest struct {
 	ID    *string `json:"id"`
 	Title string  `json:"title"`
@@ -34,8 +31,8 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
 		return
 	}
-	if n := utf8.RuneCountInString(req.Title); n > maxTitleLength || !utf8.ValidString(req.Title) {
-		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(maxTitleLength)+" characters")
+	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength || !utf8.ValidString(req.Title) {
+		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
 		return
 	}
 	owner := userFrom(r.Context()).ID

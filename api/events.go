@@ -190,7 +190,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		switch ev.Type {
 		case batonnats.EventProcessing:
 			current = ev.RunID
-		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled:
+		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled, batonnats.EventWaitingForApproval:
 			if ev.RunID == current {
 				current = ""
 			}
@@ -263,6 +263,11 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.closing:
 			end(endClosing)
 			return
+		case <-l.gone:
+			// The events stream was made anew: the client connects
+			// again and, its Last-Event-ID being from the old stream,
+			// is told to reload.
+			return
 		case e := <-l.events:
 			if err := deliver(e); err != nil {
 				return
@@ -280,15 +285,19 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 			end(endExpired)
 			return
 		case <-recheck.C:
-			if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
-				// An inactive token is revoked or past its expiry; the
-				// recheck may come before the expiry timer fires.
-				if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
-					end(endExpired)
-				} else {
-					end(endRevoked)
+			// A JWT has no token row to check (TokenID 0): its stream
+			// ends at its expiry.
+			if user.TokenID != 0 {
+				if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
+					// An inactive token is revoked or past its expiry;
+					// the recheck may come before the expiry timer fires.
+					if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
+						end(endExpired)
+					} else {
+						end(endRevoked)
+					}
+					return
 				}
-				return
 			}
 			// The deleted event may have been lost (it is published after
 			// the commit); the database says for sure.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,7 +45,9 @@ func openSSE(t *testing.T, url, token, lastID string) *sseStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
@@ -157,4 +160,73 @@ func TestWebPageIsServed(t *testing.T) {
 	r := b.do(t, "", "GET", "/", nil)
 	require.Equal(t, http.StatusOK, r.Status)
 	require.Contains(t, r.Raw, "<title>Baton</title>")
+}
+
+// TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload:
+// the events stream is wiped with every other NATS file and provisioned
+// again by the next publish, its sequences starting over. An open event
+// stream ends instead of falling silent (it followed the old stream's
+// position, which the new stream's events would reach only much later),
+// and its client, connecting again with its Last-Event-ID, is told to
+// reload, then gets the new stream's events.
+func TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Database(t)
+	ns := testenv.StartNATS(t)
+	nc, js := ns.Connect(t)
+	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
+	require.NoError(t, err)
+	tok, _, err := schema.CreateToken(ctx, db.Pool, "alice")
+	require.NoError(t, err)
+	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	t.Cleanup(srv.Close)
+	b := &bundle{pool: db.Pool, srv: hs, alice: tok, client: hs.Client()}
+	b.createConversation(t, tok, "c")
+	eventsURL := hs.URL + convPath("c", "/events")
+	post := func(id string) {
+		t.Helper()
+		require.Equal(t, http.StatusAccepted, b.do(t, tok, "POST", convPath("c", "/messages"), map[string]any{"id": id, "content": "hi"}).Status)
+	}
+
+	s := openSSE(t, eventsURL, tok, "")
+	require.Equal(t, "ready", s.next(t).Event)
+	var last sseEvent
+	for i := range 3 {
+		post("before-" + strconv.Itoa(i))
+		last = s.next(t)
+	}
+
+	ns.Wipe()
+	// The API provisions the stream again as it publishes this message's
+	// event; sequences start over.
+	require.Eventually(t, nc.IsConnected, 30*time.Second, 20*time.Millisecond, "the API's NATS connection is back")
+	post("after-0")
+	select {
+	case <-ended(s.events):
+	case <-time.After(20 * time.Second):
+		t.Fatal("the open stream neither ended nor got an event within 20s of the events stream being made anew")
+	}
+
+	r := openSSE(t, eventsURL, tok, last.ID)
+	require.Equal(t, "reset", r.next(t).Event, "a client resuming from the old stream is told to reload")
+	post("after-1")
+	var got batonnats.ConversationEvent
+	require.NoError(t, json.Unmarshal([]byte(r.next(t).Data), &got))
+	require.Equal(t, "after-1", got.MessageID, "the new stream's events reach the client")
+}
+
+// ended is closed once the stream's events end (its connection closed),
+// whatever events came before.
+func ended(events chan sseEvent) <-chan struct{} {
+	out := make(chan struct{})
+	go func() {
+		for range events {
+		}
+		close(out)
+	}()
+	return out
 }

@@ -72,6 +72,9 @@ type listener struct {
 	deltas chan *liveDelta
 	// lagging is set when the hub had to drop an event for it.
 	lagging atomic.Bool
+	// gone is closed when the events stream the listener followed is
+	// gone: the client connects again and is told to reload.
+	gone chan struct{}
 }
 
 // liveDelta is one live delta as the hub read it, once for every
@@ -120,6 +123,10 @@ func (h *hub) start() error {
 	return h.lastErr
 }
 
+// hubWatch is how often the hub checks that the events stream it follows
+// is still the one it started on.
+const hubWatch = 2 * time.Second
+
 // follow starts the goroutine that hands out the stream's events, and the
 // subscription to the live subjects.
 func (h *hub) follow() error {
@@ -129,7 +136,8 @@ func (h *hub) follow() error {
 		cancel()
 		return err
 	}
-	state := stream.CachedInfo().State
+	info := stream.CachedInfo()
+	state := info.State
 	h.mu.Lock()
 	h.position, h.first, h.last, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, time.Now()
 	h.mu.Unlock()
@@ -156,31 +164,94 @@ func (h *hub) follow() error {
 			return err
 		}
 	}
-	h.stop, h.done = cancel, make(chan struct{})
+	done := make(chan struct{})
+	h.stop, h.done = cancel, done
+	// The iteration ends with ctx, or when the stream it reads was made
+	// anew (wiped and provisioned again): an ordered consumer would go on
+	// from the old stream's position, which the new stream's events reach
+	// only much later, and every open stream would fall silent.
+	ictx, stopIter := context.WithCancel(ctx)
+	var recreated atomic.Bool
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		h.watch(ictx, info.Created, func() {
+			recreated.Store(true)
+			stopIter()
+		})
+	})
 	go func() {
-		defer close(h.done)
-		context.AfterFunc(ctx, iter.Stop)
+		defer close(done)
+		context.AfterFunc(ictx, iter.Stop)
 		for {
 			m, err := iter.Next()
 			if err != nil {
-				if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				if ictx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 					break
 				}
 				// The ordered consumer recreates itself after a lost
 				// connection; do not spin meanwhile.
 				select {
-				case <-ctx.Done():
+				case <-ictx.Done():
 				case <-time.After(100 * time.Millisecond):
 				}
 				continue
 			}
 			h.event(m)
 		}
+		stopIter()
+		watcher.Wait()
 		if sub != nil {
 			_ = sub.Unsubscribe()
 		}
+		if recreated.Load() && ctx.Err() == nil {
+			h.restart()
+		}
 	}()
 	return nil
+}
+
+// watch calls recreated once the events stream is no longer the one made
+// at created, until ctx ends. A stream that is missing (wiped, not yet
+// provisioned again) is waited for.
+func (h *hub) watch(ctx context.Context, created time.Time, recreated func()) {
+	t := time.NewTicker(hubWatch)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, hubWatch)
+		stream, err := h.js.Stream(qctx, h.cfg.Name)
+		cancel()
+		if err == nil && !stream.CachedInfo().Created.Equal(created) {
+			h.log.Warn().Str("stream", h.cfg.Name).Msg("the events stream was made anew; open event streams end and their clients reload")
+			recreated()
+			return
+		}
+	}
+}
+
+// restart ends every open stream, whose client then connects again and,
+// its Last-Event-ID belonging to the old stream, is told to reload; and
+// follows the new stream from its end.
+func (h *hub) restart() {
+	h.mu.Lock()
+	for _, ls := range h.listeners {
+		for l := range ls {
+			close(l.gone)
+		}
+	}
+	h.listeners = map[string]map[*listener]struct{}{}
+	h.position, h.first, h.last, h.boundsAt = 0, 0, 0, time.Time{}
+	h.mu.Unlock()
+	h.startMu.Lock()
+	h.started, h.lastTry = false, time.Time{}
+	h.startMu.Unlock()
+	if err := h.start(); err != nil && !errors.Is(err, errHubClosed) {
+		h.log.Warn().Err(err).Msg("follow the events stream made anew; the next client to connect tries again")
+	}
 }
 
 // close stops following, and keeps the hub from starting again; open
@@ -264,7 +335,7 @@ func (h *hub) keyOf(subject, prefix string) (string, bool) {
 // listen registers a listener for a conversation and returns it with the
 // hub's position: every event after that position reaches the listener.
 func (h *hub) listen(key string) (*listener, uint64) {
-	l := &listener{events: make(chan hubEvent, listenerEvents), deltas: make(chan *liveDelta, listenerDeltas)}
+	l := &listener{events: make(chan hubEvent, listenerEvents), deltas: make(chan *liveDelta, listenerDeltas), gone: make(chan struct{})}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.listeners[key] == nil {
@@ -277,6 +348,9 @@ func (h *hub) listen(key string) (*listener, uint64) {
 func (h *hub) forget(key string, l *listener) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if _, ok := h.listeners[key][l]; !ok {
+		return // ended by restart
+	}
 	delete(h.listeners[key], l)
 	if len(h.listeners[key]) == 0 {
 		delete(h.listeners, key)

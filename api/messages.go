@@ -68,6 +68,12 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error())
 		return
+	case errors.Is(err, schema.ErrContentTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large", err.Error())
+		return
+	case errors.Is(err, schema.ErrInvalid):
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
 	case err != nil:
 		s.internalError(w, r, err)
 		return

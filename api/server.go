@@ -21,7 +21,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/internal/setting"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // DefaultMaxContentBytes is the default limit on a message's content.
@@ -32,7 +34,8 @@ type Config struct {
 	// Pool is the PostgreSQL pool. Required.
 	Pool *pgxpool.Pool
 	// MaxContentBytes limits the content of one message, in bytes; larger
-	// messages get 413. Defaults to 64 KiB.
+	// messages get 413. At most schema.MaxContentBytes (1 MiB), the bound
+	// of every producer. Defaults to 64 KiB.
 	MaxContentBytes int
 	// Log receives request errors. Defaults to a no-op logger.
 	Log zerolog.Logger
@@ -93,6 +96,16 @@ type Config struct {
 	// MaxChatMessages limits the messages read from the body of POST
 	// /v1/chat; more get 413. Defaults to 10000.
 	MaxChatMessages int
+	// JWT accepts JSON Web Tokens of the application's own sign-in beside
+	// Baton's tokens, wherever those are accepted: an OpenID Connect
+	// provider's and a backend's HS256 tokens. Their user is
+	// "<iss>|<user claim>", made on the first valid token. Defaults to
+	// none: Baton's tokens only.
+	JWT jwtauth.Config
+	// CORSOrigins are the origins (scheme://host[:port], exactly as
+	// browsers send them, no wildcard) whose pages may call every /v1
+	// route from the browser. Defaults to none: no cross-origin access.
+	CORSOrigins []string
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -133,8 +146,8 @@ func setDefault[T int | time.Duration](v *T, def T) {
 // line can check its flags before it connects. It expects defaults
 // applied (WithDefaults).
 func (c Config) Validate() error {
-	if c.MaxContentBytes < 1 {
-		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be at least 1")
+	if c.MaxContentBytes < 1 || c.MaxContentBytes > schema.MaxContentBytes {
+		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be 1 to %d bytes (the bound of every producer, 1 MiB)", schema.MaxContentBytes)
 	}
 	for _, d := range []struct {
 		field string
@@ -168,7 +181,10 @@ func (c Config) Validate() error {
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
 	}
-	return nil
+	if err := c.JWT.WithDefaults().Validate(); err != nil {
+		return setting.Within("JWT", err)
+	}
+	return validateCORSOrigins(c.CORSOrigins)
 }
 
 // Server serves the API.
@@ -182,6 +198,8 @@ type Server struct {
 
 	messages *messageLimiter
 	streams  *streamLimiter
+	// jwt verifies JWTs; nil when none is accepted.
+	jwt *jwtauth.Verifier
 
 	eventsCfg batonnats.EventsConfig
 	events    *batonnats.EventPublisher
@@ -207,12 +225,15 @@ func New(cfg Config) (*Server, error) {
 		eventsCfg: cfg.Events, closing: make(chan struct{}),
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
+	if s.jwt, err = jwtauth.New(cfg.JWT); err != nil {
+		return nil, setting.Within("JWT", err)
+	}
 	if cfg.JetStream != nil {
 		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log, m.dropped.WithLabelValues(dropSlowClient))
 		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
 	}
 	s.routes()
-	s.handler = s.limitRequest(s.mux)
+	s.handler = s.cors(s.limitRequest(s.mux))
 	return s, nil
 }
 
@@ -240,6 +261,8 @@ func (s *Server) routes() {
 	s.handle("POST /v1/chat", s.auth(s.limitMessages(s.postChat)))
 	s.handle("GET /v1/chat/{id}", s.auth(s.chatHistory))
 	s.handle("GET /v1/chat/{id}/stream", s.auth(s.resumeChat))
+	s.handle("GET /v1/conversations/{cid}/approvals", s.auth(s.listApprovals))
+	s.handle("POST /v1/conversations/{cid}/approvals/{id}", s.auth(s.decideApproval))
 	// Anything else is a JSON error, not the mux's plain text: 405 with
 	// Allow for a route that takes other methods, 404 otherwise.
 	s.handle("/v1/", s.unrouted)
@@ -285,6 +308,9 @@ func (s *Server) Close() {
 		}
 	})
 }
+
+// JWT returns the verifier of JWTs, or nil when none is accepted.
+func (s *Server) JWT() *jwtauth.Verifier { return s.jwt }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

@@ -31,6 +31,8 @@ type Result struct {
 	// the client sent the request again (5xx and 429; 0 is no answer):
 	// 503 while the database is away, never 500.
 	AnswersRetried map[int]int
+	// Streams says what the live event streams saw.
+	Streams streamsReport
 	// Dir holds the logs of every process; kept when the run failed.
 	Dir string
 }
@@ -84,7 +86,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := createConversations(ctx, cl, plan.conversations, cfg.Clients); err != nil {
 		return nil, err
 	}
-	out("chaos: %d messages over %d conversations and %s, %d faults\n", len(plan.messages), len(plan.conversations), cfg.LoadDuration, len(faults))
+	// Live event streams stay open through the load, the faults and the
+	// settling, as browser tabs would.
+	streamCtx, stopStreams := context.WithCancel(ctx)
+	streams, streamsDone := openStreams(streamCtx, sys.apiURL, sys.token, streamedConversations(plan.conversations))
+	stop := func() {
+		stopStreams()
+		streamsDone.Wait()
+	}
+	defer stop()
+	out("chaos: %d messages over %d conversations and %s, %d faults, %d live event streams\n", len(plan.messages), len(plan.conversations), cfg.LoadDuration, len(faults), len(streams))
 
 	inj := &injector{sys: sys, rng: faultRNG, out: out}
 	start := time.Now()
@@ -109,6 +120,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	out("chaos: settled=%v after %s; judging\n", res.Settled, res.Settle.Round(time.Millisecond))
 
 	res.Faults = inj.injected()
+	for i, f := range res.Faults {
+		if f.healed.IsZero() {
+			continue
+		}
+		var next *time.Time
+		if err := sys.pool.QueryRow(ctx, `SELECT min(finished_at) FROM agent_runs WHERE status = 'finalized' AND finished_at > $1`, f.healed).Scan(&next); err == nil && next != nil {
+			res.Faults[i].healToTurn = next.Sub(f.healed)
+		}
+	}
 	res.Unexpected = sys.unexpectedExits()
 	v, err := judge(ctx, sys.pool, plan, cl, res.Faults)
 	if err != nil {
@@ -126,6 +146,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Status = said
 	res.Triggers = sys.auditTriggers(ctx, sys.pool)
 	v.Checks = append(v.Checks, status)
+	var live *Check
+	res.Streams, live = judgeStreams(ctx, sys.pool, sys.natsURL, streams, stop, 60*time.Second)
+	v.Checks = append(v.Checks, live)
 	failed := &Check{Name: CheckPostgresFault}
 	for _, f := range res.Faults {
 		if f.failed {

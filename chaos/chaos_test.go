@@ -38,7 +38,7 @@ func run(t *testing.T, cfg chaos.Config) (*chaos.Result, string) {
 	t.Helper()
 	var out bytes.Buffer
 	cfg.Out = &out
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	res, err := chaos.Run(ctx, cfg)
 	require.NoError(t, err, "the harness could not run:\n%s", out.String())
@@ -47,7 +47,8 @@ func run(t *testing.T, cfg chaos.Config) (*chaos.Result, string) {
 }
 
 // TestShortChaosRunKeepsEveryInvariant is `make chaos` small: every fault
-// kind once, over a few hundred messages.
+// kind once, the network faults among them, over a few hundred messages,
+// with the workers' default 30 s lease.
 func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a dozen processes for about a minute")
@@ -58,7 +59,7 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 		Conversations: 30,
 		Messages:      300,
 		Plan:          chaos.AllFaults,
-		LoadDuration:  30 * time.Second,
+		LoadDuration:  60 * time.Second,
 		SettleTimeout: time.Minute,
 	})
 	t.Log("\n" + summary)
@@ -69,6 +70,10 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 	require.Regexp(t, `fault postgres_failover +pg1 +pg1 killed, pg2 promoted in .*; new synchronous standby pg3`, summary)
 	require.Regexp(t, `status after the run +exit 0, server 127\.0\.0\.1:\d+ \(pg2\), timeline 2, slot \S+ read by a relay, standby pg3 streaming sync`, summary)
 	require.Regexp(t, `fault postgres_standby_pause +pg[23] +WAL receiver stopped for .*: up to [1-9]\d* commits waited`, summary)
+	require.Regexp(t, `unexpected exits +none`, summary, "every process rides every fault out: none exits")
+	for _, k := range chaos.NetworkFaults {
+		require.Regexp(t, `\n  `+string(k)+` .*then healed; heal -> next turn \d`, summary, "each network fault is healed and followed by a turn")
+	}
 }
 
 // TestHarnessFailsANonAtomicFinalize runs the harness against a worker

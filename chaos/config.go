@@ -15,6 +15,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/batonhq/baton/consumer"
 )
 
 // Defaults of a run, the size `make chaos` runs at.
@@ -25,7 +27,9 @@ const (
 	DefaultLoadDuration  = 4 * time.Minute
 	DefaultSettleTimeout = 2 * time.Minute
 	DefaultClients       = 24
-	DefaultLease         = 3 * time.Second
+	// DefaultLease is the workers' default: a dead worker is noticed by
+	// its database session, not by its lease.
+	DefaultLease = consumer.DefaultLease
 )
 
 // Config sizes and seeds a run.
@@ -53,8 +57,10 @@ type Config struct {
 	SettleTimeout time.Duration
 	// Clients are the concurrent HTTP clients. Defaults to 24.
 	Clients int
-	// Lease is the workers' lease and ack wait: how long a killed worker
-	// holds a conversation. Defaults to 3s.
+	// Lease is the workers' lease and ack wait: how long a worker that is
+	// alive but cut off from PostgreSQL holds a conversation (a killed one
+	// is noticed by its database session). Defaults to the workers'
+	// default, 30s.
 	Lease time.Duration
 	// Dir holds the data and the logs of every process. Defaults to a new
 	// temporary folder, removed after a passing run.

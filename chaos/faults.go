@@ -38,6 +38,17 @@ const (
 	FaultPostgresFailoverBehind   FaultKind = "postgres_failover_behind"
 	FaultStandbyPause             FaultKind = "postgres_standby_pause"
 	FaultStreamWipe               FaultKind = "stream_wipe"
+
+	// Network faults: a process's link is cut, in part or whole, or drops
+	// packets, for a while, and then healed; the processes stay alive.
+	FaultNATSPartition     FaultKind = "nats_partition"
+	FaultNATSLeaderCut     FaultKind = "nats_leader_cut"
+	FaultRelayCutNATS      FaultKind = "relay_cut_nats"
+	FaultRelayCutPostgres  FaultKind = "relay_cut_postgres"
+	FaultWorkerCutPostgres FaultKind = "worker_cut_postgres"
+	FaultAPICutNATS        FaultKind = "api_cut_nats"
+	FaultLinkDelay         FaultKind = "link_delay"
+	FaultOneWayLoss        FaultKind = "oneway_loss"
 )
 
 // AllFaults lists every kind, in the order of the summary.
@@ -49,6 +60,15 @@ var AllFaults = []FaultKind{
 	FaultPostgresFast, FaultPostgresImmediate,
 	FaultPostgresFailover, FaultStandbyPause,
 	FaultStreamWipe,
+	FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
+	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss,
+}
+
+// NetworkFaults are the kinds that cut or spoil links rather than kill
+// processes.
+var NetworkFaults = []FaultKind{
+	FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
+	FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss,
 }
 
 // ExtraFaults run only when a plan names them; no default schedule has
@@ -104,6 +124,14 @@ var faultWeights = map[FaultKind]int{
 	FaultPostgresImmediate:        1,
 	FaultPostgresFailover:         1,
 	FaultStandbyPause:             2,
+	FaultNATSPartition:            1,
+	FaultNATSLeaderCut:            1,
+	FaultRelayCutNATS:             1,
+	FaultRelayCutPostgres:         1,
+	FaultWorkerCutPostgres:        2,
+	FaultAPICutNATS:               1,
+	FaultLinkDelay:                1,
+	FaultOneWayLoss:               1,
 }
 
 // scheduledFault is a fault and the moment of the load it starts at.
@@ -165,6 +193,11 @@ type faultRecord struct {
 	failed bool
 	// took is how long the fault took, restart included.
 	took time.Duration
+	// healed is when a network fault's link was whole again; zero for
+	// the others.
+	healed time.Time
+	// healToTurn is how long from healed to the next finalized turn.
+	healToTurn time.Duration
 }
 
 // fastShutdownLimit is how long a fast shutdown of PostgreSQL may take
@@ -294,6 +327,9 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 		in.failover(ctx, &r, kind == FaultPostgresFailoverBehind)
 	case FaultStandbyPause:
 		in.pauseStandby(ctx, &r)
+	case FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
+		FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss:
+		in.network(ctx, &r)
 	case FaultStreamWipe:
 		r.target = "nats*"
 		for _, n := range s.nats {

@@ -29,6 +29,18 @@ var pgSettings = map[string]string{
 	// and every commit on the primary waits for it meanwhile: one second
 	// instead of five keeps the restarts short.
 	"wal_retrieve_retry_interval": "1s",
+	// A process cut off from the server keeps its sessions open on the
+	// server, and a worker its session's lock, until the server finds the
+	// connection dead: TCP keepalives bound that to about 5+3x2 s of
+	// silence (the kernel's default is two hours), after which the other
+	// workers take its turns over at once instead of after the lease.
+	// The same as deploy/postgres/baton.conf, with tcp_user_timeout for a
+	// connection whose last reply was never acknowledged.
+	"tcp_keepalives_idle":              "5",
+	"tcp_keepalives_interval":          "2",
+	"tcp_keepalives_count":             "3",
+	"tcp_user_timeout":                 "11s",
+	"client_connection_check_interval": "2s",
 }
 
 // startPostgresPair starts the primary (pg1) and makes its synchronous
@@ -39,13 +51,19 @@ func (s *system) startPostgresPair(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.pgPorts = ports
 	name := s.nextPGName()
+	settings := maps.Clone(pgSettings)
+	// The processes reach the servers from their namespaces, through the
+	// harness's link to the run's network.
+	settings["listen_addresses"] = "127.0.0.1," + s.net.HostIP()
 	pg, err := pgcluster.New(pgcluster.Options{
 		Dir:      filepath.Join(s.dir, name),
 		Port:     ports[0],
 		LogFile:  filepath.Join(s.logs, name+".log"),
 		Durable:  false,
-		Settings: maps.Clone(pgSettings),
+		Settings: settings,
+		HBA:      []string{"host all postgres " + s.net.CIDR() + " trust"},
 	})
 	if err != nil {
 		return err

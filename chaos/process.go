@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/batonhq/baton/internal/netns"
 )
 
 // process is one supervised OS process of the system under test: a baton
@@ -22,6 +24,8 @@ type process struct {
 	bin     string
 	args    []string
 	logPath string
+	// node is the network namespace the process runs in.
+	node *netns.Node
 
 	mu         sync.Mutex
 	cmd        *exec.Cmd
@@ -64,7 +68,11 @@ func (p *process) startLocked(env []string) error {
 		return err
 	}
 	st, _ := logf.Stat()
-	cmd := exec.Command(p.bin, p.args...)
+	bin, args := p.bin, p.args
+	if p.node != nil {
+		bin, args = p.node.Command(p.bin, p.args...)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout = logf
 	cmd.Stderr = logf

@@ -52,6 +52,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("settled", "%v", r.Settled)
 	row("status after the run", "%s", r.Status)
 	row("triggers in the stream", "%s", r.Triggers)
+	row("live event streams", "%s", r.Streams)
 	row("longest kill -> next turn", "%s (after %s; %d faults with no turn after them)", v.LongestRecovery.Round(time.Millisecond), v.LongestRecoveryAfter, v.NoTurnAfter)
 	verdict := "PASS"
 	if !r.Passed() {
@@ -59,6 +60,20 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	row("verdict", "%s", verdict)
 	tw.Flush()
+	var healed []string
+	for _, f := range r.Faults {
+		if f.healed.IsZero() {
+			continue
+		}
+		next := "no turn after it"
+		if f.healToTurn > 0 {
+			next = f.healToTurn.Round(time.Millisecond).String()
+		}
+		healed = append(healed, fmt.Sprintf("  %-22s %-8s %s; heal -> next turn %s", f.kind, f.target, firstLine(f.note), next))
+	}
+	if len(healed) > 0 {
+		fmt.Fprintf(w, "\nnetwork faults (heal -> next finalized turn):\n%s\n", strings.Join(healed, "\n"))
+	}
 	if len(r.Triggers.Examples) > 0 {
 		fmt.Fprintf(w, "\ntriggers in the stream that do not match the database (harmless to turns, see TriggerAudit):\n")
 		for _, e := range r.Triggers.Examples {

@@ -20,6 +20,7 @@ import (
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/batonhq/baton/internal/netns"
 	"github.com/batonhq/baton/internal/pgcluster"
 )
 
@@ -54,6 +55,15 @@ type system struct {
 	dbURL       string     // both ports, target_session_attrs=read-write
 	pool        *pgxpool.Pool
 	natsURL     string
+	// procDBURL is dbURL as the processes reach it, from their namespaces.
+	procDBURL string
+	// pgPorts are the two ports the servers listen on, whichever is the
+	// primary.
+	pgPorts []int
+
+	// net is the run's network: every process but PostgreSQL in a
+	// namespace of its own.
+	net *netns.Network
 
 	nats      []*natsNode
 	relays    []*process
@@ -66,8 +76,9 @@ type system struct {
 
 type natsNode struct {
 	*process
-	store string
-	port  int
+	store       string
+	port        int
+	clusterPort int
 }
 
 // freePorts returns n distinct free ports on 127.0.0.1.
@@ -98,6 +109,11 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
+	network, err := netns.New()
+	if err != nil {
+		return nil, err
+	}
+	s.net = network
 	if err := s.startPostgresPair(ctx); err != nil {
 		return s, err
 	}
@@ -109,20 +125,25 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if err != nil {
 		return s, err
 	}
+	natsNodes := make([]*netns.Node, natsCount)
 	var routes []string
 	for i := range natsCount {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[natsCount+i]))
+		if natsNodes[i], err = s.net.Add(fmt.Sprintf("nats%d", i+1)); err != nil {
+			return s, err
+		}
+		routes = append(routes, fmt.Sprintf("nats://%s:%d", natsNodes[i].IP, ports[natsCount+i]))
 	}
 	var urls []string
 	for i := range natsCount {
-		n := &natsNode{store: filepath.Join(dir, fmt.Sprintf("nats%d", i+1)), port: ports[i]}
+		n := &natsNode{store: filepath.Join(dir, fmt.Sprintf("nats%d", i+1)), port: ports[i], clusterPort: ports[natsCount+i]}
 		n.process = newProcess(fmt.Sprintf("nats%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("nats%d.log", i+1)),
-			"nats-server", "--port", strconv.Itoa(ports[i]), "--store-dir", n.store,
+			"nats-server", "--host", natsNodes[i].IP, "--port", strconv.Itoa(ports[i]), "--store-dir", n.store,
 			"--name", fmt.Sprintf("n%d", i+1), "--cluster", natsCluster,
 			"--cluster-port", strconv.Itoa(ports[natsCount+i]), "--routes", strings.Join(routes, ","),
 			"--log-format", "json")
+		n.node = natsNodes[i]
 		s.nats = append(s.nats, n)
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+		urls = append(urls, fmt.Sprintf("nats://%s:%d", natsNodes[i].IP, ports[i]))
 	}
 	s.natsURL = strings.Join(urls, ",")
 	for _, n := range s.nats {
@@ -145,15 +166,20 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	s.token = strings.TrimSpace(lines[len(lines)-1])
 
 	streamFlags := s.streamFlags()
-	common := []string{"--database-url", s.dbURL, "--nats-url", s.natsURL, "--log-format", "json"}
+	common := []string{"--database-url", s.procDBURL, "--nats-url", s.natsURL, "--log-format", "json"}
 	for i := range relayCount {
-		addr := fmt.Sprintf("127.0.0.1:%d", ports[2*natsCount+i])
+		node, err := s.net.Add(fmt.Sprintf("relay%d", i+1))
+		if err != nil {
+			return s, err
+		}
+		addr := fmt.Sprintf("%s:%d", node.IP, ports[2*natsCount+i])
 		args := append([]string{"relay"}, common...)
 		args = append(args, streamFlags...)
 		args = append(args, "--metrics-addr", addr,
 			"--sweep-interval", "2s", "--sweep-age", "5s", "--heartbeat", "1s",
 			"--status-interval", "500ms", "--ack-timeout", "3s")
 		p := newProcess(fmt.Sprintf("relay%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("relay%d.log", i+1)), args...)
+		p.node = node
 		s.relays = append(s.relays, p)
 		s.relayMets = append(s.relayMets, "http://"+addr+"/metrics")
 		if err := p.supervise(); err != nil {
@@ -175,6 +201,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 			// The load sends /sleep, /fail and /tool lines.
 			"--echo-directives")
 		p := newProcess(fmt.Sprintf("worker%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("worker%d.log", i+1)), args...)
+		if p.node, err = s.net.Add(p.name); err != nil {
+			return s, err
+		}
 		s.workers = append(s.workers, p)
 		if err := p.supervise(); err != nil {
 			return s, err
@@ -183,12 +212,19 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 			return s, err
 		}
 	}
-	apiAddr := fmt.Sprintf("127.0.0.1:%d", ports[2*natsCount+relayCount])
+	apiNode, err := s.net.Add("api")
+	if err != nil {
+		return s, err
+	}
+	apiAddr := fmt.Sprintf("%s:%d", apiNode.IP, ports[2*natsCount+relayCount])
 	s.apiURL = "http://" + apiAddr
 	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"),
-		"api", "--database-url", s.dbURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
+		"api", "--database-url", s.procDBURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
 		// One user sends the whole load, far above what one person types.
-		"--messages-per-minute", "1000000", "--message-burst", "100000")
+		"--messages-per-minute", "1000000", "--message-burst", "100000",
+		// The one user holds the load's live event streams, three dozen.
+		"--max-streams-per-user", "64")
+	s.api.node = apiNode
 	if err := s.api.supervise(); err != nil {
 		return s, err
 	}
@@ -219,6 +255,7 @@ func (s *system) createDatabase(ctx context.Context) error {
 	// Every process and the harness's own pool reach whichever of the
 	// two ports is the primary, before and after a failover.
 	s.dbURL = pgcluster.MultiHostURL("baton", s.pg, s.standby)
+	s.procDBURL = strings.ReplaceAll(s.dbURL, "127.0.0.1:", s.net.HostIP()+":")
 	s.pool, err = pgxpool.New(ctx, s.dbURL)
 	return err
 }
@@ -435,5 +472,8 @@ func (s *system) stop() {
 	}
 	if s.standby != nil {
 		_ = s.standby.Stop(pgcluster.Fast)
+	}
+	if s.net != nil {
+		s.net.Close()
 	}
 }

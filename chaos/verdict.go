@@ -71,6 +71,7 @@ const (
 	CheckHungShutdown    = "postgres shutdowns that hung"
 	CheckPostgresFault   = "postgres faults not carried out"
 	CheckStatus          = "baton status after the run"
+	CheckLiveStreams     = "live event streams with a gap or a repeat"
 )
 
 func (v *Verdict) check(name string) *Check {

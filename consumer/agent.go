@@ -45,6 +45,14 @@ type Turn struct {
 	// there, so an agent that streams shows every piece of text it
 	// writes, and keeps it shown when its context ends with ErrStopped.
 	Live Live
+	// Tools are the tools of this turn, when a Config.ToolSource listed
+	// them as the turn started; nil otherwise (the agent's own tools).
+	Tools Tools
+	// Resume, when set, is a turn that stopped at a call for a person's
+	// approval (the agent returned Suspended) and goes on from there: the
+	// agent restores Resume.State and calls that tool call again, which
+	// the journal answers by the decision, without asking the model again.
+	Resume *Resume
 }
 
 // Reply is an agent's answer.

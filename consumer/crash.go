@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,16 +27,54 @@ const (
 // BATON_CRASH_AT=<point>[:<probability>], for example during_model:0.5.
 const CrashEnv = "BATON_CRASH_AT"
 
+// PauseEnv is the variable that arms a pause point, in CrashEnv's format:
+// the turn that reaches it waits there until the process is sent SIGCONT,
+// while the rest of the process runs on (its session, its other turns,
+// its fetches). Fault tests use it to hold a worker at a moment of their
+// choosing, such as its finalize, while they cut its link, let another
+// worker take its turn over and heal the link.
+const PauseEnv = "BATON_PAUSE_AT"
+
 var crashPoints = []string{CrashBeforeClaim, CrashAfterClaim, CrashDuringModel, CrashAfterTool, CrashBeforeFinalize, CrashAfterFinalizeBeforeAck}
 
-// crasher is an armed crash point. A nil *crasher costs one comparison.
+// crasher is an armed crash point, or pause point. A nil *crasher costs
+// one comparison.
 type crasher struct {
 	point       string
 	probability float64
+	// pause holds the turn at the point instead of killing the process.
+	pause bool
+	// cont receives SIGCONT, once a pause point is armed.
+	cont chan os.Signal
 }
 
 // parseCrash reads BATON_CRASH_AT's value; empty disarms.
 func parseCrash(v string) (*crasher, error) {
+	return parsePoint(CrashEnv, v)
+}
+
+// parsePause reads BATON_PAUSE_AT's value; empty disarms.
+func parsePause(v string) (*crasher, error) {
+	c, err := parsePoint(PauseEnv, v)
+	if c != nil {
+		c.pause = true
+	}
+	return c, err
+}
+
+// listen starts receiving SIGCONT for an armed pause point.
+func (c *crasher) listen() {
+	if c != nil && c.pause && c.cont == nil {
+		c.cont = make(chan os.Signal, 1)
+		signal.Notify(c.cont, syscall.SIGCONT)
+	}
+}
+
+func parsePoint(env, v string) (*crasher, error) {
+	kind := "crash"
+	if env == PauseEnv {
+		kind = "pause"
+	}
 	if v == "" {
 		return nil, nil
 	}
@@ -46,12 +85,12 @@ func parseCrash(v string) (*crasher, error) {
 		known = known || k == point
 	}
 	if !known {
-		return nil, fmt.Errorf("%s=%q: unknown crash point; use one of %s, optionally with :<probability>", CrashEnv, v, strings.Join(crashPoints, ", "))
+		return nil, fmt.Errorf("%s=%q: unknown %s point; use one of %s, optionally with :<probability>", env, v, kind, strings.Join(crashPoints, ", "))
 	}
 	if hasP {
 		f, err := strconv.ParseFloat(p, 64)
 		if err != nil || f < 0 || f > 1 {
-			return nil, fmt.Errorf("%s=%q: probability must be a number from 0 to 1", CrashEnv, v)
+			return nil, fmt.Errorf("%s=%q: probability must be a number from 0 to 1", env, v)
 		}
 		c.probability = f
 	}
@@ -80,6 +119,14 @@ func (c *crasher) always(point string) {
 }
 
 func (c *crasher) kill(point string) {
+	if c.pause {
+		// Held here until SIGCONT; then the turn goes on as if nothing
+		// happened, as one whose thread was not scheduled would.
+		fmt.Fprintf(os.Stderr, "baton: pause point %s reached, holding the turn until SIGCONT\n", point)
+		<-c.cont
+		fmt.Fprintf(os.Stderr, "baton: pause point %s: SIGCONT received, the turn goes on\n", point)
+		return
+	}
 	fmt.Fprintf(os.Stderr, "baton: crash point %s reached, killing the process\n", point)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	os.Exit(137)

@@ -29,6 +29,11 @@ func TestParseCrash(t *testing.T) {
 	_, err = parseCrash("after_claim:2")
 	require.ErrorContains(t, err, "probability")
 	c.at(CrashAfterClaim) // another point: no crash
+	c, err = parsePause("before_finalize")
+	require.NoError(t, err)
+	require.Equal(t, &crasher{point: CrashBeforeFinalize, probability: 1, pause: true}, c)
+	_, err = parsePause("during_lunch")
+	require.ErrorContains(t, err, PauseEnv+`="during_lunch": unknown pause point`)
 }
 
 // TestCrashPointsFinishOnceOrFailVisibly kills a real `baton worker`

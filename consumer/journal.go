@@ -57,16 +57,23 @@ type journal struct {
 	cancel context.CancelCauseFunc
 	log    zerolog.Logger
 
+	// resume is the decided approval the turn resumes from, until its
+	// call was answered.
+	resume *schema.Resume
+
 	// mu orders a write's start against superseding: once a write has
-	// started, the turn must end with its own reply or error; once the
-	// turn is being superseded, no write starts. It also holds a stop back
-	// while a write runs (writing), so that the write's outcome is known
-	// and journaled before the turn ends.
+	// started (or waits for approval), the turn must end with its own
+	// reply, error or approval request; once the turn is being
+	// superseded, no write starts. It also holds a stop back while a
+	// write runs (writing), so that the write's outcome is known and
+	// journaled before the turn ends.
 	mu         sync.Mutex
 	wrote      bool
 	superseded bool
 	writing    int
 	stopAsked  bool
+	// pending is the call that waits for approval, once one does.
+	pending *pendingCall
 }
 
 // stop ends the turn with ErrStopped: at once, or, while a write runs, as
@@ -95,6 +102,23 @@ func (j *journal) wroteOne() {
 	}
 }
 
+// startWrite records that a write starts, unless the turn is superseded
+// or stopped (then its error, and nothing may be sent); a started write
+// holds a stop back until done is called.
+func (j *journal) startWrite(ctx context.Context) (done func(), err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.superseded:
+		return nil, errSuperseded
+	case j.stopAsked || context.Cause(ctx) == ErrStopped:
+		return nil, ErrStopped
+	}
+	j.wrote = true
+	j.writing++
+	return j.wroteOne, nil
+}
+
 // errSuperseded ends a turn that newer messages of its conversation
 // replace before it did anything that cannot be repeated.
 var errSuperseded = errors.New("newer messages of the conversation arrived: the turn is answered again with them")
@@ -113,6 +137,9 @@ func (j *journal) supersede() bool {
 
 func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	tool, ok := j.tools[call.Tool]
+	if r := j.resume; r != nil && call.ID == r.ToolCallID {
+		return j.resumed(ctx, call, tool)
+	}
 	if !ok {
 		return "", fmt.Errorf("%w %q", ErrUnknownTool, call.Tool)
 	}
@@ -120,46 +147,57 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	if len(args) == 0 {
 		args = json.RawMessage(`{}`)
 	}
+	approval := tool.Effect() == EffectWrite && needsApproval(tool)
 	if tool.Effect() == EffectWrite {
-		j.mu.Lock()
-		switch {
-		case j.superseded:
-			j.mu.Unlock()
-			return "", errSuperseded
-		case j.stopAsked || context.Cause(ctx) == ErrStopped:
-			j.mu.Unlock()
-			return "", ErrStopped
+		done, err := j.startWrite(ctx)
+		if err != nil {
+			return "", err
 		}
-		j.wrote = true
-		j.writing++
-		j.mu.Unlock()
-		defer j.wroteOne()
+		defer done()
+		if approval {
+			j.mu.Lock()
+			j.pending = &pendingCall{call: call, tool: tool, args: args}
+			j.mu.Unlock()
+		}
+	}
+	if approval {
+		// Nothing is journaled yet: the park that the agent's Suspended
+		// leads to journals the call with the approval, in one
+		// transaction.
+		return "", ErrNeedsApproval
 	}
 	inv := Invocation{
-		IdempotencyKey: IdempotencyKey(j.runID, call.ID),
+		IdempotencyKey: idempotencyKey(tool, j.runID, call.ID),
 		ConversationID: j.conversationID,
 		RunID:          j.runID,
 		Arguments:      args,
 	}
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		var err error
-		inv.OperationID, err = schema.StartOperationTx(ctx, tx, schema.Operation{
-			RunID:          j.runID,
-			ConversationID: j.conversationID,
-			ToolCallID:     call.ID,
-			Tool:           tool.Name(),
-			ToolVersion:    tool.Version(),
-			Effect:         tool.Effect(),
-			IdempotencyKey: inv.IdempotencyKey,
-			Arguments:      string(inv.Arguments),
+		inv.OperationID, _, err = schema.StartOperationHashedTx(ctx, tx, schema.Operation{
+			RunID:            j.runID,
+			ConversationID:   j.conversationID,
+			ToolCallID:       call.ID,
+			Tool:             tool.Name(),
+			ToolVersion:      tool.Version(),
+			Effect:           tool.Effect(),
+			IdempotencyKey:   inv.IdempotencyKey,
+			Arguments:        string(inv.Arguments),
+			DefinitionSHA256: definitionSHA256(tool),
 		})
 		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
 	}
+	return j.run(ctx, call, tool, inv)
+}
+
+// run sends a journaled call and journals its outcome, showing both to
+// live clients.
+func (j *journal) run(ctx context.Context, call ToolCall, tool Tool, inv Invocation) (string, error) {
 	if j.live != nil {
-		j.live.toolInput(call.ID, tool.Name(), args)
+		j.live.toolInput(call.ID, tool.Name(), inv.Arguments)
 	}
 	tctx, span := telemetry.Tracer().Start(ctx, "tool "+call.Tool,
 		trace.WithAttributes(attribute.String("baton.tool", call.Tool), attribute.String("baton.effect", string(tool.Effect())), attribute.Int64("baton.operation_id", inv.OperationID)))
@@ -190,4 +228,109 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	}
 	j.crash.at(CrashAfterTool)
 	return result, nil
+}
+
+// resumed answers the call a resumed turn stopped at: a denied or expired
+// one is not sent; an approved one is sent with exactly the arguments
+// stored when approval was asked (their hash checked again), its stored
+// idempotency key, and only under the tool definition it was approved
+// with.
+func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string, error) {
+	r := j.resume
+	j.resume = nil
+	if r.Status != schema.ApprovalApproved {
+		return "", &DeniedError{Tool: call.Tool, Status: r.Status}
+	}
+	done, err := j.startWrite(ctx)
+	if errors.Is(err, ErrStopped) {
+		// The turn was stopped before the call left: it never will.
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, "not sent: the turn was stopped"); err != nil {
+			return "", err
+		}
+		return "", err
+	}
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	if tool == nil || tool.Name() != r.Tool || definitionSHA256(tool) != r.DefinitionSHA256 {
+		cause := "not sent: the tool changed or is not offered any more since the approval"
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
+			return "", err
+		}
+		return "", &NotSentError{Tool: call.Tool, Why: "the tool changed after it was approved; ask the user again if it is still needed"}
+	}
+	inv := Invocation{
+		OperationID:    r.OperationID,
+		IdempotencyKey: r.IdempotencyKey,
+		ConversationID: j.conversationID,
+		RunID:          j.runID,
+	}
+	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		args, err := schema.StartApprovedOperationTx(ctx, tx, j.conversationID, j.runID, r.OperationID, r.ArgumentsSHA256)
+		inv.Arguments = json.RawMessage(args)
+		return err
+	})
+	if errors.Is(err, schema.ErrArgumentsChanged) {
+		cause := "not sent: its stored arguments do not match the ones approved"
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
+			return "", err
+		}
+		return "", &NotSentError{Tool: call.Tool, Why: "its arguments are not the ones that were approved"}
+	}
+	if err != nil {
+		return "", fmt.Errorf("journal approved operation %s (%s): %w", call.ID, call.Tool, err)
+	}
+	return j.run(ctx, call, tool, inv)
+}
+
+// parkRequest is the approval request of the call that waits, for park.
+func (j *journal) parkRequest() *schema.ApprovalRequest {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	p := j.pending
+	if p == nil {
+		return nil
+	}
+	return &schema.ApprovalRequest{
+		ConversationID: j.conversationID,
+		RunID:          j.runID,
+		Operation: schema.Operation{
+			RunID:            j.runID,
+			ConversationID:   j.conversationID,
+			ToolCallID:       p.call.ID,
+			Tool:             p.tool.Name(),
+			ToolVersion:      p.tool.Version(),
+			Effect:           p.tool.Effect(),
+			IdempotencyKey:   idempotencyKey(p.tool, j.runID, p.call.ID),
+			Arguments:        string(p.args),
+			DefinitionSHA256: definitionSHA256(p.tool),
+		},
+	}
+}
+
+// pendingCall is a call that waits for approval.
+type pendingCall struct {
+	call ToolCall
+	tool Tool
+	args json.RawMessage
+}
+
+func needsApproval(t Tool) bool {
+	a, ok := t.(ApprovalTool)
+	return ok && a.NeedsApproval()
+}
+
+func definitionSHA256(t Tool) string {
+	if d, ok := t.(DefinedTool); ok {
+		return d.DefinitionSHA256()
+	}
+	return ""
+}
+
+func idempotencyKey(t Tool, runID, toolCallID string) string {
+	if k, ok := t.(KeyedTool); ok {
+		return k.IdempotencyKey(runID, toolCallID)
+	}
+	return IdempotencyKey(runID, toolCallID)
 }

@@ -46,6 +46,15 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	if w.session != nil && !w.session.Held() {
+		// This worker can claim nothing until it holds its session
+		// again, and another worker may be taking its conversations
+		// over meanwhile: the trigger goes back to the group at once
+		// instead of waiting here, perhaps behind a turn this worker can
+		// no longer finish.
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return
+	}
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		w.log.Debug().Str("conversation_id", conversationID).Uint64("delivered", md.NumDelivered).Msg("trigger redelivered")
 	}
@@ -94,6 +103,13 @@ func (w *Worker) runMailbox(mb *mailbox) {
 		}
 		w.mu.Lock()
 		batch := mb.waiting
+		if len(batch) == 0 && !mb.more {
+			// Handed back while this mailbox waited for a slot.
+			delete(w.mailboxes, mb.conversationID)
+			w.mu.Unlock()
+			<-w.slots
+			return
+		}
 		mb.waiting = nil
 		mb.more = false
 		// Arrivals before this claim are in it.
@@ -168,6 +184,24 @@ func (w *Worker) returnWaiting(mb *mailbox) {
 	for _, m := range waiting {
 		_ = m.Nak()
 	}
+}
+
+// handBackWaiting hands every trigger that waits in a mailbox back to the
+// group, once the worker's session is lost: it can claim nothing until it
+// holds the session again, and the other workers may be taking its
+// conversations over. Without it, the triggers of a conversation whose
+// turn runs here would wait behind that turn, which a cut-off worker can
+// no longer finish, kept from redelivery by its progress signals, while
+// the announcement of the takeover sits among them.
+func (w *Worker) handBackWaiting() {
+	w.mu.Lock()
+	var back []jetstream.Msg
+	for _, mb := range w.mailboxes {
+		back = append(back, mb.waiting...)
+		mb.waiting = nil
+	}
+	w.mu.Unlock()
+	nakAll(back, w.cfg.RetryDelay)
 }
 
 // isStopping reports whether a graceful shutdown has started.

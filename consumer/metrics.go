@@ -21,6 +21,7 @@ type metrics struct {
 	triggersBroken prometheus.Counter
 	statementTurns *prometheus.HistogramVec // by kind: claim, finalize
 	alone          *prometheus.CounterVec   // by kind: claim, finalize
+	sessionHeld    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -69,6 +70,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_worker_statement_turns", Help: "Turns carried by one claim or finalize statement, by kind (claim, finalize): 1 while the worker keeps up, more when turns wait for the statement before theirs.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"kind"}),
+		sessionHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_worker_session_held", Help: "1 while this worker holds its database session (the lock that tells other workers it is alive) and may claim and finalize turns; 0 while it connects again.",
+		}),
 		alone: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_worker_turns_alone_total", Help: "Turns claimed or finalized on their own, by kind (claim, finalize), because the shared statement would have waited for them: another transaction held the conversation, an expired run had to be recovered first, or a newer message superseded the turn.",
 		}, []string{"kind"}),
@@ -91,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reg = prometheus.NewRegistry()
 	}
 	for _, c := range []prometheus.Collector{m.turnsStarted, m.turnsFinished, m.failures, m.attempts, m.insertToClaim, m.insertToFinal,
-		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken, m.statementTurns, m.alone} {
+		m.recoveries, m.deduplicated, m.busy, m.waiting, m.inFlight, m.operations, m.triggersBroken, m.statementTurns, m.alone, m.sessionHeld} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -292,3 +292,58 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 	w.signal.Notify()
 	return n, err
 }
+
+// approvalWrite is a write tool whose every call needs a person's approval.
+type approvalWrite struct{ calls int }
+
+func (*approvalWrite) Name() string        { return "mail__send" }
+func (*approvalWrite) Version() string     { return "1" }
+func (*approvalWrite) Effect() Effect      { return EffectWrite }
+func (*approvalWrite) NeedsApproval() bool { return true }
+func (w *approvalWrite) Call(context.Context, Invocation) (string, error) {
+	w.calls++
+	return "sent", nil
+}
+
+// stoppingAgent shows a word, calls the tool, and when the journal says
+// the call waits for approval runs beforeSuspend, then stops the turn for
+// the approval as an agent does.
+type stoppingAgent struct {
+	beforeSuspend func()
+}
+
+func (a *stoppingAgent) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
+	turn.Live.Show(batonnats.DeltaText, "checking ")
+	_, err := tools.Call(ctx, ToolCall{ID: "call_1", Tool: "mail__send", Arguments: json.RawMessage(`{"to":"bob"}`)})
+	if !errors.Is(err, ErrNeedsApproval) {
+		return Reply{}, err
+	}
+	a.beforeSuspend()
+	return Reply{}, &Suspended{State: json.RawMessage(`{}`)}
+}
+
+// TestAStopJustBeforeAnApprovalRequestEndsTheTurnStoppedWithoutWaiting:
+// the stop commits as the agent stops for an approval, and the worker
+// misses the notice; the park sees the stop, so the turn ends stopped with
+// what it showed, and no approval waits, nor is the call journaled.
+func TestAStopJustBeforeAnApprovalRequestEndsTheTurnStoppedWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var evs events
+	tool := &approvalWrite{}
+	cfg := b.testConfig()
+	cfg.Agent = &stoppingAgent{beforeSuspend: func() { b.stop("c", false) }}
+	cfg.Lease, cfg.OnConversationEvent = time.Minute, evs.record
+	cfg.Tools = Tools{}.Register(tool)
+	b.startWorker(cfg)
+	key := b.Conversation("c")
+	b.Send("c", "m1", "mail bob")
+	evs.wait(t, 20*time.Second, key, batonnats.EventStopped)
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped AND content = 'checking '`),
+		"the turn ends stopped with what it showed")
+	require.Zero(t, b.Count(`SELECT count(*) FROM approvals`), "no approval waits for a stopped turn")
+	require.Zero(t, b.Count(`SELECT count(*) FROM operations`), "the call is not journaled")
+	require.Zero(t, b.Count(`SELECT count(*) FROM conversations WHERE approval_id IS NOT NULL OR run_id IS NOT NULL`))
+	require.Zero(t, tool.calls)
+	require.False(t, evs.has(key, batonnats.EventWaitingForApproval), "the turn never said it waits")
+}

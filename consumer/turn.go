@@ -39,6 +39,15 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	if tid := span.SpanContext().TraceID(); span.SpanContext().HasTraceID() {
 		log = log.With().Str("trace_id", tid.String()).Logger()
 	}
+	session, ok := w.awaitSession(w.hardCtx, sessionClaimWait)
+	if !ok {
+		// Claimed now, the run would look like a gone worker's and be
+		// taken over at once: its triggers come back once the session
+		// may be held again.
+		log.Debug().Msg("worker session not held; delaying triggers")
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
 	_, claimSpan := telemetry.Tracer().Start(trace.ContextWithSpan(w.hardCtx, span), "claim")
 	// One statement claims a free conversation and loads the turn, with
 	// the claims of other conversations that are ready at the same time.
@@ -53,6 +62,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		Lease:          w.cfg.Lease,
 		MaxAttempts:    w.cfg.MaxAttempts,
 		MaxRows:        w.cfg.MaxTurnMessages,
+		Session:        session,
 	}
 	res := w.claims.do(p)
 	if errors.Is(res.Err, schema.ErrRunAlone) {
@@ -62,6 +72,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	claimSpan.End()
 	var busy *schema.BusyError
 	var wait *schema.WaitError
+	var approvalWait *schema.ApprovalWaitError
 	switch {
 	case errors.As(err, &busy):
 		// Another run owns the conversation: look again once it is likely
@@ -85,6 +96,9 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 		w.metrics.busy.Add(float64(len(batch)))
 		log.Debug().Msg("too many claims wait for held conversations; delaying triggers")
 		nakAll(batch, w.cfg.LockWait)
+		return
+	case errors.As(err, &approvalWait):
+		w.waitingForApproval(log, batch, approvalWait)
 		return
 	case errors.As(err, &wait):
 		// The model server asked to wait: the triggers come back when the
@@ -170,17 +184,36 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 	defer deadline.Stop()
 	live := newLiveRun(w.cfg.Live, claim.ConversationID, claim.RunID, log)
 	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics,
-		live: live, cancel: cancel, log: log}
+		live: live, cancel: cancel, log: log, resume: claim.Resume}
 	untrack := w.track(claim.ConversationID, claim.RunID, live, j.stop)
 	defer untrack()
 	stopRenewal := w.renewLease(turnCtx, cancel, j.stop, log, mb, batch, claim)
 	stopWatch := w.watchArrivals(turnCtx, cancel, mb, claim, j)
 
 	reply, err := func() (Reply, error) {
+		var turnTools Tools
+		if w.cfg.ToolSource != nil {
+			// The turn's tools are listed once, now, and stay the same
+			// for the whole turn.
+			ts, err := w.cfg.ToolSource.TurnTools(turnCtx)
+			if err != nil {
+				return Reply{}, fmt.Errorf("list the turn's tools: %w", err)
+			}
+			turnTools = Tools{}
+			for n, t := range w.cfg.Tools {
+				turnTools[n] = t
+			}
+			for n, t := range ts {
+				turnTools[n] = t
+			}
+			j.tools = turnTools
+		}
 		w.crash.at(CrashDuringModel)
 		actx, span := telemetry.Tracer().Start(turnCtx, "agent")
 		defer span.End()
 		return w.cfg.Agent.Run(actx, Turn{
+			Tools:          turnTools,
+			Resume:         resumeOf(claim.Resume),
 			ConversationID: claim.ConversationID,
 			RunID:          claim.RunID,
 			TurnID:         claim.TurnID,
@@ -225,7 +258,10 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 		w.finalize(ctx, log, mb, batch, claim, reply, stopped)
 		return
 	}
+	var suspended *Suspended
 	switch {
+	case errors.As(err, &suspended):
+		w.park(ctx, log, mb, batch, claim, j, suspended)
 	case errors.Is(err, errSuperseded):
 		w.supersede(ctx, log, mb, batch, claim, live)
 	case errors.Is(err, schema.ErrConversationDeleted):
@@ -275,9 +311,33 @@ func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
 	return r
 }
 
+// sessionClaimWait is how long a claim waits for the worker's session to
+// be held again before its triggers are delayed.
+const sessionClaimWait = time.Second
+
+// awaitSession waits at most wait for the worker's session to be held and
+// returns its number (zero, at once, with NoSession); false when it was
+// not held in time.
+func (w *Worker) awaitSession(ctx context.Context, wait time.Duration) (int32, bool) {
+	if w.session == nil {
+		return 0, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return w.session.await(ctx)
+}
+
 // finalize commits the reply (stopped: what a stopped turn showed), then
 // acks.
 func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply, stopped bool) {
+	if _, ok := w.awaitSession(ctx, commitTimeout); !ok {
+		// A worker that lost its session finalizes nothing until it holds
+		// it again: another may be taking its runs over meanwhile.
+		log.Error().Msg("finalize: the worker session was not held again within the commit deadline")
+		w.metrics.turnsFinished.WithLabelValues("error").Inc()
+		nakAll(batch, w.cfg.RetryDelay)
+		return
+	}
 	fctx, span := telemetry.Tracer().Start(ctx, "finalize")
 	out, err := commitFinalize(fctx, w, schema.Finalize{
 		ConversationID: claim.ConversationID,

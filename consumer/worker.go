@@ -38,9 +38,17 @@ const (
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultApprovalTTL is how long a call waits for its approval.
+	DefaultApprovalTTL = 24 * time.Hour
 	// NoDebounce commits every reply as soon as it is ready: rapid
 	// messages may get a reply each.
 	NoDebounce time.Duration = -1
+	// DefaultSessionCheckInterval is how often a worker looks for runs
+	// whose worker's session ended.
+	DefaultSessionCheckInterval = 500 * time.Millisecond
+	// NoSession turns the worker's session off (Config.SessionCheckInterval):
+	// its runs record none and are left to their leases.
+	NoSession time.Duration = -1
 )
 
 // Config configures a Worker.
@@ -63,6 +71,15 @@ type Config struct {
 	// Tools are what the agent may call, each journaled in operations.
 	// Defaults to the echo agent's lookup and notify.
 	Tools Tools
+	// ToolSource, when set, lists the tools of each turn when it starts
+	// (MCP servers'): the turn's tools are those, fixed for the turn, and
+	// the agent finds them in Turn.Tools. Defaults to none: every turn
+	// has Tools.
+	ToolSource ToolSource
+	// ApprovalTTL is how long a call may wait for a person's approval
+	// (see ApprovalTool); past it the call is denied. Defaults to 24
+	// hours.
+	ApprovalTTL time.Duration
 	// Debounce is the quiet window of a burst. A turn is claimed and its
 	// model call started as soon as a message arrives; its reply commits
 	// only once Debounce has passed since the conversation's newest
@@ -115,6 +132,19 @@ type Config struct {
 	// RecoveryInterval is how often expired leases are looked for (also at
 	// start). Defaults to half the Lease.
 	RecoveryInterval time.Duration
+	// SessionCheckInterval is how often this worker looks for runs of
+	// gone workers and recovers them. Each worker holds a database session
+	// of its own, a lock on a connection outside the pool (see
+	// schema.TakeWorkerSession), for as long as it lives, and records it on
+	// the runs it claims: a worker that dies releases it at once, so its
+	// conversations are announced again within this interval, and a claim
+	// of one of them takes it over at once, instead of after the lease. A
+	// worker claims and finalizes only while it holds its session. The
+	// connection needs a direct session with the server: NoSession turns
+	// it off behind a pooler that hands a client's statements to any
+	// server session (PgBouncer's transaction mode), and leaves runs to
+	// their leases. Defaults to 500ms.
+	SessionCheckInterval time.Duration
 	// ShutdownTimeout is how long Run, once its context ends, lets running
 	// turns finish before it gives them up (back to pending and announced
 	// again, or failed visibly after a started write). Defaults to 10s.
@@ -125,6 +155,10 @@ type Config struct {
 	// CrashAt arms a crash point for fault tests, in BATON_CRASH_AT's
 	// format. Defaults to none.
 	CrashAt string
+	// PauseAt arms a pause point for fault tests, in BATON_PAUSE_AT's
+	// format: the process stops itself there until it is continued. It
+	// cannot be armed with CrashAt. Defaults to none.
+	PauseAt string
 	// Logger receives the worker's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// Registerer receives the worker's metrics. Defaults to a private
@@ -200,6 +234,12 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.SessionCheckInterval == 0 {
+		c.SessionCheckInterval = DefaultSessionCheckInterval
+	}
+	if c.ApprovalTTL == 0 {
+		c.ApprovalTTL = DefaultApprovalTTL
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -238,6 +278,10 @@ func (c Config) Validate() error {
 		return setting.Errorf("RecoveryInterval", c.RecoveryInterval, "must be positive")
 	case c.ShutdownTimeout <= 0:
 		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
+	case c.SessionCheckInterval <= 0 && c.SessionCheckInterval != NoSession:
+		return setting.Errorf("SessionCheckInterval", c.SessionCheckInterval, "must be positive, or NoSession to leave runs to their leases")
+	case c.ApprovalTTL < time.Second:
+		return setting.Errorf("ApprovalTTL", c.ApprovalTTL, "give at least 1s: a person needs time to decide")
 	case c.Consumer.AckWait <= c.Lease/3:
 		// A turn signals progress once per renewal, every third of the
 		// lease: an ack wait shorter than that redelivers running turns.
@@ -252,6 +296,12 @@ func (c Config) Validate() error {
 	if _, err := parseCrash(c.CrashAt); err != nil {
 		return setting.Errorf("CrashAt", c.CrashAt, "%v", err)
 	}
+	if _, err := parsePause(c.PauseAt); err != nil {
+		return setting.Errorf("PauseAt", c.PauseAt, "%v", err)
+	}
+	if c.CrashAt != "" && c.PauseAt != "" {
+		return setting.Errorf("PauseAt", c.PauseAt, "arm a crash point or a pause point, not both")
+	}
 	return nil
 }
 
@@ -261,6 +311,8 @@ type Worker struct {
 	log     zerolog.Logger
 	metrics *metrics
 	crash   *crasher
+	// session is the worker's database session; nil with NoSession.
+	session *session
 
 	// slots bounds running turns.
 	slots chan struct{}
@@ -303,12 +355,21 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("consumer: register metrics: %w", err)
 	}
 	crash, _ := parseCrash(cfg.CrashAt)
-	return &Worker{
+	if cfg.PauseAt != "" {
+		crash, _ = parsePause(cfg.PauseAt)
+		crash.listen()
+	}
+	w := &Worker{
 		cfg:     cfg,
 		log:     cfg.Logger.With().Str("worker", cfg.Name).Logger(),
 		metrics: m,
 		crash:   crash,
-	}, nil
+	}
+	if cfg.SessionCheckInterval != NoSession {
+		w.session = newSession(cfg.Pool, w.log, m.sessionHeld)
+		w.session.lost = w.handBackWaiting
+	}
+	return w, nil
 }
 
 // Run consumes triggers until ctx ends, then shuts down: it stops fetching,
@@ -327,6 +388,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
+	}
+	// The session outlives the turns: it is released once every turn is
+	// over, so that nothing this worker still runs looks gone meanwhile.
+	var sessionDone sync.WaitGroup
+	sessionCtx, stopSession := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopSession()
+		sessionDone.Wait()
+	}()
+	if w.session != nil {
+		sessionDone.Go(func() { w.session.run(sessionCtx) })
 	}
 	// Leases left by workers that died while this one was down.
 	if err := w.recoverExpired(ctx); err != nil && ctx.Err() == nil {
@@ -363,6 +435,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var loops sync.WaitGroup
 	loops.Go(func() { w.recoveryLoop(ctx) })
+	if w.session != nil {
+		loops.Go(func() { w.orphanLoop(ctx) })
+	}
 	w.log.Info().Str("stream", w.cfg.Stream.Name).Str("consumer", w.cfg.Consumer.Name).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	runErr := loop.Run(ctx, w.dispatch)
 

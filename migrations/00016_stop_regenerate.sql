@@ -35,7 +35,36 @@ ALTER TABLE messages
   ADD COLUMN stopped BOOLEAN NOT NULL DEFAULT false,
   ADD COLUMN superseded_at TIMESTAMPTZ;
 
+-- Two migrations may each need columns of one table for one role: this
+-- one (the chat history reads the tool calls of replies) and the approvals
+-- migration after it (which inserts its own decision on operations for
+-- the API). A decision inserted where one of the same table, role and
+-- privilege exists extends it, with the union of their columns (all of
+-- them when either says all), instead of failing on the primary key; in
+-- whatever order the two migrations ran, the API gets both.
+-- +goose StatementBegin
+CREATE FUNCTION baton_grants_extend() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  UPDATE public.baton_grants g
+  SET columns = CASE WHEN g.columns IS NULL OR NEW.columns IS NULL THEN NULL
+                     ELSE ARRAY(SELECT DISTINCT c FROM unnest(g.columns OPERATOR(pg_catalog.||) NEW.columns) c ORDER BY c) END,
+      reason = g.reason OPERATOR(pg_catalog.||) '; ' OPERATOR(pg_catalog.||) NEW.reason
+  WHERE g.object = NEW.object AND g.role = NEW.role AND g.privilege = NEW.privilege;
+  IF FOUND THEN
+    RETURN NULL;
+  END IF;
+  RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER baton_grants_extend BEFORE INSERT ON baton_grants
+  FOR EACH ROW EXECUTE FUNCTION baton_grants_extend();
+
 INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
+  ('baton_grants_extend', 'baton_migrator', 'NONE', NULL, 'the trigger of baton_grants; a trigger needs no EXECUTE to fire'),
   ('agent_runs', 'baton_api', 'SELECT', '{id,status,reply_message_id,outbox_ids}',
    'the chat adapter finds the reply of a run, and the reply id of a running turn'),
   ('messages', 'baton_api', 'UPDATE', '{superseded_at}', 'RegenerateTx marks the replaced reply superseded'),
@@ -52,7 +81,10 @@ WHERE object = 'messages' AND role = 'baton_worker' AND privilege = 'INSERT' AND
 SELECT baton_apply_grants();
 
 -- +goose Down
+DROP TRIGGER baton_grants_extend ON baton_grants;
+DROP FUNCTION baton_grants_extend();
 DELETE FROM baton_grants WHERE (object, role, privilege) IN (
+  ('baton_grants_extend', 'baton_migrator', 'NONE'),
   ('agent_runs', 'baton_api', 'SELECT'),
   ('messages', 'baton_api', 'UPDATE'),
   ('operations', 'baton_api', 'SELECT'));

@@ -46,6 +46,12 @@ const (
 	EventStopped EventType = "stopped"
 	// EventDeleted: the conversation was deleted.
 	EventDeleted EventType = "deleted"
+	// EventWaitingForApproval: the turn stopped at a call that its user
+	// must approve or deny (ApprovalID, Tool), before ExpiresAt.
+	EventWaitingForApproval EventType = "waiting_for_approval"
+	// EventApprovalDecided: the user approved or denied the call, or its
+	// time ran out (Decision); the turn goes on.
+	EventApprovalDecided EventType = "approval_decided"
 )
 
 // ConversationEvent is a committed state change of one conversation. It is
@@ -65,7 +71,14 @@ type ConversationEvent struct {
 	OutboxIDs []int64 `json:"outbox_ids,omitempty"`
 	// NotBefore is when a waiting turn's next attempt may start.
 	NotBefore *time.Time `json:"not_before,omitempty"`
-	At        time.Time  `json:"at"`
+	// ApprovalID, Tool and ExpiresAt name the call a turn waits for
+	// (waiting_for_approval, approval_decided).
+	ApprovalID string     `json:"approval_id,omitempty"`
+	Tool       string     `json:"tool,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	// Decision is approved, denied or expired (approval_decided).
+	Decision string    `json:"decision,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // EventsConfig is the conversation events stream.

@@ -122,7 +122,9 @@ func announcementLabel(reason batonnats.Reason, attempts int, now int64) string 
 
 // AnnounceStaleTx marks up to limit pending rows that were neither claimed
 // nor announced within age as announced now, announces them in tx, and
-// returns their IDs. SKIP LOCKED lets several relays sweep side by side;
+// returns their IDs. Rows of a conversation that waits for an approval are
+// left until it is decided or expires: the sweep is what notices an
+// approval past its time. SKIP LOCKED lets several relays sweep side by side;
 // the partial index agent_outbox_sweep keeps it to the pending rows.
 func AnnounceStaleTx(ctx context.Context, tx Executor, age time.Duration, limit int) ([]int64, error) {
 	return announceMarked(ctx, tx, `
@@ -130,6 +132,11 @@ func AnnounceStaleTx(ctx context.Context, tx Executor, age time.Duration, limit 
 			SELECT id FROM agent_outbox
 			WHERE status = 'pending'
 			  AND coalesce(announced_at, created_at) < now() - make_interval(secs => $1)
+			  -- A conversation that waits for an approval has nothing to
+			  -- claim until it is decided or its time is up; then the next
+			  -- sweep announces it, and the claim expires it.
+			  AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.conversation_id = agent_outbox.conversation_id
+				AND a.status = 'pending' AND a.expires_at > now())
 			ORDER BY coalesce(announced_at, created_at)
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED)

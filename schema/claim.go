@@ -102,6 +102,11 @@ type ClaimParams struct {
 	// MaxRows caps the rows of one turn, oldest first; the rest stay
 	// pending for the next turn (Claim.More). Zero means no cap.
 	MaxRows int
+	// Session is the worker's session (see TakeWorkerSession), recorded
+	// on the run: while the worker lives its session's lock is held, and
+	// once the lock is free the run may be taken over before its lease
+	// expires. Zero records none: the run is left to its lease.
+	Session int32
 }
 
 // Claim is the outcome of ClaimTx.
@@ -132,6 +137,9 @@ type Claim struct {
 	// TraceParents are the trace contexts the claimed rows kept (ClaimTurn
 	// only): a turn that answers several requests links their traces.
 	TraceParents []string
+	// Resume, when set, is the decided approval the turn resumes from: it
+	// claimed exactly the rows of the turn that stopped for it.
+	Resume *Resume
 }
 
 // Empty reports whether nothing was claimed: no pending rows.
@@ -196,11 +204,15 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	// would let two workers take the same rows.
 	var owner *string
 	var expires, notBefore *time.Time
-	var expired, waiting bool
+	var expired, gone, waiting bool
+	var approvalID *int64
 	err := tx.QueryRow(ctx, `
 		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false),
-			not_before, COALESCE(not_before > now(), false)
-		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting)
+			not_before, COALESCE(not_before > now(), false), approval_id
+		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting, &approvalID)
+	if err == nil && owner != nil && !expired {
+		gone, err = runSessionGone(ctx, tx, *owner)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Claim{}, ErrConversationDeleted
 	}
@@ -209,16 +221,32 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	}
 	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
 	if owner != nil {
-		if !expired {
+		reason := RecoveryReasonLeaseExpired
+		switch {
+		case gone:
+			reason = RecoveryReasonSessionEnded
+		case !expired:
 			return Claim{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
 		}
-		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, RecoveryReasonLeaseExpired)
+		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, reason)
 		if err != nil {
 			return Claim{}, err
 		}
 		c.Recovered = &rec
 	} else if waiting {
 		return Claim{}, &WaitError{NotBefore: *notBefore}
+	}
+	if c.Recovered != nil {
+		// The recovery may have ended the turn that resumed an approval.
+		if err := tx.QueryRow(ctx, `SELECT approval_id FROM conversations WHERE id = $1`, p.ConversationID).Scan(&approvalID); err != nil {
+			return Claim{}, fmt.Errorf("claim: read approval: %w", err)
+		}
+	}
+	if approvalID != nil {
+		resumed, err := claimResumeTx(ctx, tx, &c, p, *approvalID)
+		if err != nil || resumed {
+			return c, err
+		}
 	}
 	limit := int64(p.MaxRows)
 	if limit <= 0 {
@@ -261,25 +289,59 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 	if c.Empty() {
 		return c, nil
 	}
+	return c, takeLeaseTx(ctx, tx, &c, p)
+}
+
+// takeLeaseTx takes the conversation's lease for a claim that took rows,
+// and records its run.
+func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
 	c.TurnID = TurnIDOf(c.OutboxIDs, c.Generation)
 	// clock_timestamp, not now(): the transaction may have waited for the
 	// conversation lock behind the previous run's finalize, and the record
 	// of runs must show that this one started after that one ended.
-	err = tx.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, `
 		WITH lease AS (
 			UPDATE conversations
 			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
 			WHERE id = $1
 			RETURNING lease_expires_at)
-		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
-		SELECT $2, $1, $4, $5, $6, clock_timestamp(), lease_expires_at FROM lease
+		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
+		SELECT $2, $1, $4, $5, $6, nullif($7::integer, 0), clock_timestamp(), lease_expires_at FROM lease
 		RETURNING lease_expires_at`,
-		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker).Scan(&c.LeaseExpiresAt)
+		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker, p.Session).Scan(&c.LeaseExpiresAt)
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim: take lease and record run: %w", err)
+		return fmt.Errorf("claim: take lease and record run: %w", err)
 	}
-	return c, nil
+	return nil
+}
+
+// claimResumeTx claims the turn that stopped at the approval the
+// conversation names, once it is decided: exactly that turn's rows, with
+// the approval to resume from. A pending approval is an
+// *ApprovalWaitError. It reports false, having forgotten the approval,
+// when the stopped turn cannot resume (its rows are gone or taken): the
+// claim then goes on as usual.
+func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, approvalID int64) (bool, error) {
+	r, err := resumeTx(ctx, tx, approvalID)
+	if err != nil {
+		return false, err
+	}
+	if r != nil {
+		ok, err := claimResumeRowsTx(ctx, tx, c, p.ConversationID, r.OutboxIDs, r.TurnID)
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			c.Resume = r
+			return true, takeLeaseTx(ctx, tx, c, p)
+		}
+		// The rows say the turn cannot resume: forget the approval.
+	}
+	if _, err := tx.Exec(ctx, `UPDATE conversations SET approval_id = NULL WHERE id = $1`, p.ConversationID); err != nil {
+		return false, fmt.Errorf("claim: forget approval: %w", err)
+	}
+	return false, nil
 }
 
 // TurnInput is the content of a claimed turn.

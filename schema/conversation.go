@@ -8,7 +8,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,7 +18,9 @@ const MaxIDLength = 200
 // characters of valid UTF-8 without control characters and without
 // leading or trailing whitespace (which does not survive NATS headers and
 // is never what a user meant). Dots, '*', '>', inner spaces and non-ASCII
-// letters are allowed.
+// letters are allowed. The producer functions hold ids to the same rules
+// in SQL (baton_check_id, migration 00015); this lets a caller answer a bad
+// id before it reaches the database.
 func ValidateID(kind, id string) error {
 	if id == "" {
 		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
@@ -43,12 +44,6 @@ func ValidateID(kind, id string) error {
 	return nil
 }
 
-// newKey returns a key that no client chooses, for a conversation ("c_")
-// or a message ("m_"): time-ordered, ASCII, one valid NATS subject token.
-func newKey(prefix string) string {
-	return prefix + uuid.Must(uuid.NewV7()).String()
-}
-
 // TurnState is the state of a conversation's work, derived from its outbox
 // rows.
 type TurnState string
@@ -61,6 +56,9 @@ const (
 	TurnWaiting    TurnState = "waiting"
 	TurnProcessing TurnState = "processing"
 	TurnFailed     TurnState = "failed"
+	// TurnWaitingForApproval: the turn stopped at a call that a person
+	// must approve or deny; nothing runs until then.
+	TurnWaitingForApproval TurnState = "waiting_for_approval"
 )
 
 // Conversation is one conversation with its metadata. ID is the owner's
@@ -82,25 +80,28 @@ type Conversation struct {
 // CreateConversation creates a conversation owned by ownerID under the
 // owner's id for it. Creating an existing conversation of the same owner
 // again is not an error (created is false). Ids are per owner: another
-// owner's conversation of the same id is a different conversation.
+// owner's conversation of the same id is a different conversation. A bad
+// id, or a title over MaxTitleLength, is ErrInvalid and creates nothing.
+//
+// It is one call of the SQL function baton_create_conversation_for_owner
+// (migration 00015), which the SQL producer's baton_create_conversation
+// calls too.
 func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
-	if err := ValidateID("conversation", id); err != nil {
-		return Conversation{}, false, err
-	}
-	tag, err := db.Exec(ctx, `
-		INSERT INTO conversations (id, public_id, owner_id, title) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (owner_id, public_id) DO NOTHING`, newKey("c_"), id, ownerID, title)
+	var existed bool
+	err = db.QueryRow(ctx, `SELECT existed FROM baton_create_conversation_for_owner($1, $2, $3)`, ownerID, id, title).Scan(&existed)
 	if err != nil {
-		return Conversation{}, false, fmt.Errorf("create conversation: %w", err)
+		return Conversation{}, false, producerError("create conversation", err)
 	}
 	c, err = GetConversation(ctx, db, ownerID, id)
-	return c, tag.RowsAffected() == 1, err
+	return c, !existed, err
 }
 
 const conversationColumns = `
 	c.public_id, c.id, coalesce(c.run_id, ''), c.title, c.created_at, c.updated_at, c.last_message_at, c.unread_count,
 	CASE
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'processing') THEN 'processing'
+		WHEN c.approval_id IS NOT NULL AND EXISTS (SELECT 1 FROM approvals a WHERE a.id = c.approval_id AND a.status = 'pending')
+			THEN 'waiting_for_approval'
 		WHEN EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = c.id AND o.status = 'pending')
 			THEN CASE WHEN c.not_before > now() THEN 'waiting' ELSE 'pending' END
 		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'

@@ -90,7 +90,11 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 	if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "done", true); err != nil {
 		return Finalized{}, err
 	}
-	tag, err := tx.Exec(ctx, `UPDATE operations SET message_id = $1 WHERE run_id = $2 AND message_id IS NULL`, out.MessageID, f.RunID)
+	tag, err := tx.Exec(ctx, `
+		UPDATE operations p SET message_id = $1, `+notSentSQL+`
+		FROM (SELECT $2::text AS run_id, $3::text AS conversation_id, $4::text AS turn_id) req
+		WHERE p.message_id IS NULL AND (p.run_id = req.run_id OR p.run_id IN (`+stoppedRunsSQL+`))`,
+		out.MessageID, f.RunID, f.ConversationID, f.TurnID)
 	if err != nil {
 		return Finalized{}, fmt.Errorf("finalize: attach operations: %w", err)
 	}
@@ -120,6 +124,18 @@ func stopRequested(ctx context.Context, tx Executor, conversationID, runID strin
 	return stop, nil
 }
 
+// stoppedRunsSQL selects the runs of the turn req.turn_id in
+// req.conversation_id that stopped for an approval: the turn's reply
+// carries their operations too.
+const stoppedRunsSQL = `SELECT a.run_id FROM approvals a WHERE a.conversation_id = req.conversation_id AND a.turn_id = req.turn_id`
+
+// notSentSQL settles, as the reply takes them, the calls of the turn that
+// still wait for approval: the turn ended without sending them (it was
+// stopped before the approved call left), and nothing sends them later.
+const notSentSQL = `status = CASE WHEN p.status = 'awaiting_approval' THEN 'denied' ELSE p.status END,
+	error = CASE WHEN p.status = 'awaiting_approval' THEN 'not sent: its turn ended first' ELSE p.error END,
+	finished_at = CASE WHEN p.status = 'awaiting_approval' THEN now() ELSE p.finished_at END`
+
 // releaseTx releases a run's conversation and moves its claimed rows to
 // status, fenced by the run ID: when the conversation is no longer owned by
 // runID, or any row is no longer processing for it, nothing must commit.
@@ -127,6 +143,11 @@ func stopRequested(ctx context.Context, tx Executor, conversationID, runID strin
 // visible message.
 func releaseTx(ctx context.Context, tx Executor, conversationID, runID string, outboxIDs []int64, status string, touch bool) error {
 	q := `UPDATE conversations SET run_id = NULL, lease_expires_at = NULL`
+	if status == "done" || status == "error" {
+		// The turn ended: a later claim starts a new one, whatever
+		// approval this one resumed from.
+		q += `, approval_id = NULL`
+	}
 	if touch {
 		q += `, updated_at = now(), last_message_at = now(), unread_count = unread_count + 1`
 	}

@@ -29,6 +29,10 @@ type Operation struct {
 	IdempotencyKey string
 	// Arguments is the call's JSON arguments.
 	Arguments string
+	// DefinitionSHA256 is the hash of the tool's definition the call was
+	// made under, for a tool that has one (an MCP server's). Defaults to
+	// none.
+	DefinitionSHA256 string
 }
 
 // ErrDuplicateToolCall is returned when a run starts a second operation
@@ -42,24 +46,34 @@ var ErrDuplicateToolCall = errors.New("tool call id used twice in one run")
 // that it lost the lease (ErrLeaseLost, or ErrConversationDeleted) and
 // runs nothing.
 func StartOperationTx(ctx context.Context, tx Executor, op Operation) (int64, error) {
+	id, _, err := StartOperationHashedTx(ctx, tx, op)
+	return id, err
+}
+
+// StartOperationHashedTx is StartOperationTx that also returns the SHA-256
+// of the arguments as the journal keeps them (see RequestApprovalTx).
+func StartOperationHashedTx(ctx context.Context, tx Executor, op Operation) (int64, string, error) {
 	var owned bool
 	err := tx.QueryRow(ctx, `SELECT true FROM conversations WHERE id = $1 AND run_id = $2 FOR SHARE`, op.ConversationID, op.RunID).Scan(&owned)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ownershipError(ctx, tx, op.ConversationID)
+		return 0, "", ownershipError(ctx, tx, op.ConversationID)
 	}
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	var id int64
-	err = tx.QueryRow(ctx, `
-		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key, arguments)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-		RETURNING id`,
-		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey, op.Arguments).Scan(&id)
+	var sum string
+	err = tx.QueryRow(ctx, fmt.Sprintf(`
+		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key, arguments,
+			arguments_sha256, definition_sha256)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, nullif($9, ''))
+		RETURNING id, arguments_sha256`, "$8"),
+		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey, op.Arguments,
+		op.DefinitionSHA256).Scan(&id, &sum)
 	if IsUniqueViolation(err) {
-		return 0, fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
+		return 0, "", fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
 	}
-	return id, err
+	return id, sum, err
 }
 
 // CompleteOperation journals a started operation as completed with its

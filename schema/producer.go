@@ -2,11 +2,7 @@ package schema
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Message roles.
@@ -77,98 +73,33 @@ type InsertResult struct {
 // again with the same id and content writes nothing and reports Existed;
 // the same id with other content, or in another of the owner's
 // conversations, is ErrConflict. A conversation the owner does not have is
-// ErrNotFound.
+// ErrNotFound; a bad id or empty content ErrInvalid; content over
+// MaxContentBytes ErrContentTooLarge. On an error nothing is written.
 //
-// The conversation row is locked first and updated last, in the same
-// transaction as the outbox row: a worker's claim, which locks that row,
-// cannot see the outbox row before this transaction's commit is visible to
-// it (see ClaimTx).
+// It is one call of the SQL function baton_send_message_for_owner
+// (migration 00015), the write path that the SQL producer's
+// baton_send_message takes too: the conversation row is locked first and
+// updated last, in the same transaction as the outbox row, so that a
+// worker's claim, which locks that row, cannot see the outbox row before
+// this transaction's commit is visible to it (see ClaimTx).
 //
 // The caller commits: the message and its outbox row become visible
 // together, or not at all.
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
-	if err := ValidateID("conversation", m.ConversationID); err != nil {
-		return InsertResult{}, err
-	}
-	if err := ValidateID("message", m.MessageID); err != nil {
-		return InsertResult{}, err
-	}
-	var res InsertResult
-	err := tx.QueryRow(ctx, `
-		SELECT id FROM conversations WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`,
-		m.OwnerID, m.ConversationID).Scan(&res.ConversationKey)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return InsertResult{}, fmt.Errorf("%w: conversation %q does not exist", ErrNotFound, m.ConversationID)
-	}
-	if err != nil {
-		return InsertResult{}, fmt.Errorf("lock conversation: %w", err)
-	}
-	res.Message = Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}
-	err = tx.QueryRow(ctx, `
-		INSERT INTO messages (id, public_id, owner_id, conversation_id, role, content)
-		VALUES ($1, $2, $3, $4, 'user', $5)
-		ON CONFLICT (owner_id, public_id) WHERE public_id IS NOT NULL DO NOTHING
-		RETURNING id, seq, created_at`, newKey("m_"), m.MessageID, m.OwnerID, res.ConversationKey, m.Content).
-		Scan(&res.MessageKey, &res.Message.Seq, &res.Message.CreatedAt)
-	switch {
-	case err == nil:
-		// Inserted: the outbox row and the conversation metadata follow in
-		// the same transaction.
-	case errors.Is(err, pgx.ErrNoRows):
-		return existingMessage(ctx, tx, m)
-	case IsForeignKeyViolation(err):
-		return InsertResult{}, fmt.Errorf("%w: conversation %q does not exist", ErrNotFound, m.ConversationID)
-	default:
-		return InsertResult{}, fmt.Errorf("insert message: %w", err)
-	}
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO agent_outbox (conversation_id, message_id, trace_parent) VALUES ($1, $2, NULLIF($3, ''))
-		RETURNING id`, res.ConversationKey, res.MessageKey, m.TraceParent).Scan(&res.OutboxID); err != nil {
-		return InsertResult{}, fmt.Errorf("insert outbox row: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `
-		UPDATE conversations
-		SET updated_at = now(), last_message_at = now()
-		WHERE id = $1`, res.ConversationKey); err != nil {
-		return InsertResult{}, fmt.Errorf("touch conversation: %w", err)
-	}
-	status := "pending"
-	res.Message.Status = &status
-	return res, nil
-}
-
-// existingMessage resolves a retry: the same message again, or a conflict.
-func existingMessage(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
-	var res InsertResult
-	var status *string
+	res := InsertResult{Message: Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}}
 	var outboxID *int64
-	var conversationID string
 	err := tx.QueryRow(ctx, `
-		SELECT m.id, m.conversation_id, c.public_id, m.content, m.seq, m.created_at, o.id, o.status
-		FROM messages m JOIN conversations c ON c.id = m.conversation_id
-		LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.owner_id = $1 AND m.public_id = $2`, m.OwnerID, m.MessageID).Scan(
-		&res.MessageKey, &res.ConversationKey, &conversationID, &res.Message.Content,
-		&res.Message.Seq, &res.Message.CreatedAt, &outboxID, &status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// Deleted between the insert attempt and this read, with its
-		// conversation: nothing to report but a missing conversation.
-		return InsertResult{}, fmt.Errorf("%w: conversation %q does not exist", ErrNotFound, m.ConversationID)
-	}
+		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed
+		FROM baton_send_message_for_owner($1, $2, $3, $4, $5)`,
+		m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent).Scan(
+		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed)
 	if err != nil {
-		return InsertResult{}, fmt.Errorf("read existing message: %w", err)
+		return InsertResult{}, producerError("store the message", err)
 	}
-	res.Message.ID = m.MessageID
-	res.Message.ConversationID = conversationID
-	res.Message.Role = RoleUser
-	res.Message.Status = status
 	if outboxID != nil {
+		// A retry of a message whose outbox row was pruned has none.
 		res.OutboxID = *outboxID
 	}
-	if conversationID != m.ConversationID || res.Message.Content != m.Content {
-		return InsertResult{}, fmt.Errorf("%w: message id %q was already used for different content; use a new id for a new message", ErrConflict, m.MessageID)
-	}
-	res.Existed = true
 	return res, nil
 }
 

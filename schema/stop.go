@@ -25,6 +25,11 @@ type Stop struct {
 	// SettledIDs are the outbox rows that waited for a turn and were
 	// settled (done, stopped_at set): no turn answers them.
 	SettledIDs []int64
+	// Approval, when set, is the approval the stopped turn waited for
+	// (no run held the conversation): it is denied, and its call never
+	// sent. It was pending (Approval.Status is now denied) or decided
+	// and not yet resumed (its status stays; its call is not sent).
+	Approval *Approval
 }
 
 // StopTx stops ownerID's conversation in the caller's transaction: the run
@@ -34,15 +39,20 @@ type Stop struct {
 // commit start a new turn. Stopping a conversation with nothing to stop
 // changes nothing. A conversation the owner does not have is ErrNotFound.
 //
+// A turn that waits for an approval holds no run: its approval is denied
+// and its call recorded as never sent (Stop.Approval), and its rows are
+// settled with the others.
+//
 // The conversation row is locked first, as the producer (InsertMessageTx)
 // and a claim lock it: a message is either stored before the stop, and
 // stopped with it, or after, and answered.
 func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID string) (Stop, error) {
 	var s Stop
 	var runID *string
+	var approvalID *int64
 	err := tx.QueryRow(ctx, `
-		SELECT id, run_id FROM conversations WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`,
-		ownerID, conversationID).Scan(&s.ConversationKey, &runID)
+		SELECT id, run_id, approval_id FROM conversations WHERE owner_id = $1 AND public_id = $2 FOR NO KEY UPDATE`,
+		ownerID, conversationID).Scan(&s.ConversationKey, &runID, &approvalID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Stop{}, ErrNotFound
 	}
@@ -54,6 +64,16 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 		if _, err := tx.Exec(ctx, `UPDATE conversations SET stop_run_id = run_id WHERE id = $1`, s.ConversationKey); err != nil {
 			return Stop{}, fmt.Errorf("stop: ask the run to stop: %w", err)
 		}
+	}
+	if runID == nil && approvalID != nil {
+		// The turn waits for an approval, or to resume from one: nothing
+		// of it may run later. A run that holds the conversation was
+		// asked to stop above, and settles its own call.
+		a, err := settleApprovalTx(ctx, tx, *approvalID, ownerID)
+		if err != nil {
+			return Stop{}, err
+		}
+		s.Approval = a
 	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox SET status = 'done', processed_at = now(), stopped_at = now()
@@ -72,4 +92,37 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 		}
 	}
 	return s, nil
+}
+
+// settleApprovalTx denies, for a stop, the approval a conversation's turn
+// waits for, and records its call as never sent. A decided approval whose
+// turn has not resumed yet keeps its status, and its call is not sent
+// either: the stop settles the turn's rows, and the claim that would have
+// resumed it finds them done and forgets the approval. It returns the
+// approval, or nil when the conversation names none that exists.
+func settleApprovalTx(ctx context.Context, tx Executor, approvalID, ownerID int64) (*Approval, error) {
+	var operationID int64
+	a, err := scanApprovalWith(tx.QueryRow(ctx, `
+		SELECT a.operation_id, `+approvalColumns+` FROM approvals a WHERE a.id = $1 FOR UPDATE OF a`, approvalID), &operationID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stop: read the approval: %w", err)
+	}
+	if a.Status == ApprovalPending || a.Status == ApprovalExpired {
+		// An approval past its time that no claim expired yet is denied
+		// here as well: the stop decides it first.
+		if err := tx.QueryRow(ctx, `
+			UPDATE approvals SET status = 'denied', decided_at = now(), decided_by = $2 WHERE id = $1 AND status = 'pending'
+			RETURNING status, decided_at`, approvalID, ownerID).Scan(&a.Status, &a.DecidedAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("stop: deny the approval: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE operations SET status = 'denied', error = 'not sent: the turn was stopped', finished_at = now()
+		WHERE id = $1 AND status = 'awaiting_approval'`, operationID); err != nil {
+		return nil, fmt.Errorf("stop: record the call not sent: %w", err)
+	}
+	return &a, nil
 }

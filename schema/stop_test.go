@@ -228,3 +228,176 @@ func chatContents(ms []schema.ChatMessage) []string {
 	}
 	return out
 }
+
+// park has run claim conversationID's pending rows and stop at a write
+// that needs approval, as a worker does; it returns the claim and the
+// approval.
+func (b turnBundle) park(t *testing.T, conversationID, runID string) (schema.Claim, schema.Requested) {
+	t.Helper()
+	ctx := context.Background()
+	var c schema.Claim
+	var req schema.Requested
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		c, err = schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: b.key(conversationID), RunID: runID, Worker: "test", Lease: time.Minute, MaxAttempts: 3})
+		if err != nil {
+			return err
+		}
+		req, err = schema.RequestApprovalTx(ctx, tx, b.approvalRequest(c, runID))
+		return err
+	}))
+	return c, req
+}
+
+func (b turnBundle) approvalRequest(c schema.Claim, runID string) schema.ApprovalRequest {
+	return schema.ApprovalRequest{
+		ConversationID: c.ConversationID, RunID: runID, TurnID: c.TurnID, OutboxIDs: c.OutboxIDs,
+		Operation: schema.Operation{RunID: runID, ConversationID: c.ConversationID, ToolCallID: "call_" + runID, Tool: "mail__send",
+			ToolVersion: "1", Effect: schema.EffectWrite, IdempotencyKey: "key_" + runID, Arguments: `{"to": "bob"}`, DefinitionSHA256: "def"},
+		State: []byte(`{}`), TTL: time.Hour,
+	}
+}
+
+func (b turnBundle) decide(t *testing.T, conversationID, approvalID string, approved bool) error {
+	t.Helper()
+	return pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+		_, err := schema.DecideApprovalTx(context.Background(), tx, b.owner, conversationID, approvalID, schema.Decision{Approved: approved, UserID: b.owner})
+		return err
+	})
+}
+
+func (b turnBundle) regenerate(t *testing.T, conversationID, messageID string) (schema.Regenerated, error) {
+	t.Helper()
+	var out schema.Regenerated
+	err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = schema.RegenerateTx(context.Background(), tx, schema.Regenerate{OwnerID: b.owner, ConversationID: conversationID, MessageID: messageID})
+		return err
+	})
+	return out, err
+}
+
+// TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater: the
+// turn holds no run, so the stop settles it: the approval is denied, its
+// call recorded as never sent, the turn's messages settled; the approval
+// cannot be decided afterwards, and neither a new message nor a
+// regenerate resumes the old turn. A regenerate while the approval waits
+// is refused.
+func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	row := b.send(t, "c", "m1", "one")
+	_, req := b.park(t, "c", "run-1")
+
+	_, err := b.regenerate(t, "c", "m1")
+	require.ErrorIs(t, err, schema.ErrTurnRunning, "a turn that waits for approval is a turn that runs: no regenerate")
+
+	s := b.stop(t, "c")
+	require.Empty(t, s.RunID, "no run holds a turn that waits for approval")
+	require.Equal(t, []int64{row}, s.SettledIDs, "the waiting turn's message is settled")
+	require.NotNil(t, s.Approval, "the stop names the approval it settled")
+	require.Equal(t, req.ApprovalID, s.Approval.ID)
+	require.Equal(t, schema.ApprovalDenied, s.Approval.Status)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied' AND decided_by = $2`, req.ApprovalID, b.owner),
+		"the approval is denied, by the user who stopped")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND error = 'not sent: the turn was stopped'`, req.OperationID),
+		"the call is recorded as never sent")
+	require.ErrorIs(t, b.decide(t, "c", req.ApprovalID, true), schema.ErrApprovalDecided, "a stopped turn's approval cannot be given afterwards")
+
+	// A regenerate after the stop is a new turn of the same message, not
+	// the stopped one resumed.
+	g, err := b.regenerate(t, "c", "m1")
+	require.NoError(t, err)
+	require.Equal(t, []int64{row}, g.OutboxIDs)
+	c2, in, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-2", Worker: "w", Lease: time.Minute, MaxAttempts: 3}, 10)
+	require.NoError(t, err, "nothing waits any more")
+	require.Nil(t, c2.Resume, "the stopped turn is never resumed")
+	require.Equal(t, schema.TurnIDOf([]int64{row}, 1), c2.TurnID)
+	require.Equal(t, []string{"one"}, contents(in.Messages))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND approval_id IS NOT NULL`, b.key("c")), "the claim forgot the approval")
+	_, err = schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c2.TurnID, OutboxIDs: c2.OutboxIDs,
+		Generation: c2.Generation, Content: "answer"})
+	require.NoError(t, err)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status <> 'denied'`, req.OperationID), "the call was never sent")
+
+	// The same with a new message instead of a regenerate.
+	b.conversation(t, "d")
+	b.send(t, "d", "d-m1", "one")
+	_, req = b.park(t, "d", "run-d1")
+	require.NoError(t, b.decide(t, "d", req.ApprovalID, true), "approved, and stopped before any worker resumed it")
+	s = b.stop(t, "d")
+	require.Equal(t, schema.ApprovalApproved, s.Approval.Status, "a decided approval keeps its decision")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied'`, req.OperationID), "its call is never sent")
+	b.send(t, "d", "d-m2", "two")
+	c3, in, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("d"), RunID: "run-d2", Worker: "w", Lease: time.Minute, MaxAttempts: 3}, 10)
+	require.NoError(t, err)
+	require.Nil(t, c3.Resume, "the stopped turn is never resumed")
+	require.Equal(t, []string{"two"}, contents(in.Messages), "the message after the stop starts a turn of its own")
+}
+
+// TestARunAskedToStopDoesNotWaitForAnApproval: a stop that came before the
+// run asked for approval wins; nothing of the call is written.
+func TestARunAskedToStopDoesNotWaitForAnApproval(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "one")
+	c, err := b.claim(t, "c", "run-1", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, "run-1", b.stop(t, "c").RunID)
+	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := schema.RequestApprovalTx(ctx, tx, b.approvalRequest(c, "run-1"))
+		return err
+	})
+	require.ErrorIs(t, err, schema.ErrStopRequested, "the run ends stopped instead of waiting")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM approvals`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operations`))
+}
+
+// TestATurnResumedFromAnApprovalKeepsItsGenerationAndReplyID: a
+// regenerated turn that stops for approval resumes as the same turn (its
+// rows at the same generation), so its reply has the id its streams were
+// told at the start; stopped while it runs and its worker's session gone,
+// the recovery ends it stopped with that reply, carrying the call that
+// was never sent.
+func TestATurnResumedFromAnApprovalKeepsItsGenerationAndReplyID(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.trustSessions(t, time.Minute)
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "one")
+	c1, err := b.claim(t, "c", "run-1", time.Minute)
+	require.NoError(t, err)
+	_, err = b.finalize(t, c1, "run-1")
+	require.NoError(t, err)
+	_, err = b.regenerate(t, "c", "m1")
+	require.NoError(t, err)
+
+	c2, req := b.park(t, "c", "run-2")
+	require.Equal(t, 1, c2.Generation)
+	require.NoError(t, b.decide(t, "c", req.ApprovalID, true))
+	session := b.takeSession(t)
+	c3, err := b.claimAs(t, "c", "run-3", session.id)
+	require.NoError(t, err)
+	require.NotNil(t, c3.Resume, "the decided approval resumes the turn")
+	require.Equal(t, c2.TurnID, c3.TurnID, "the same turn: its rows at the same generation")
+	require.Equal(t, c2.ReplyID(), c3.ReplyID(), "the reply keeps the id its streams were told")
+
+	require.Equal(t, "run-3", b.stop(t, "c").RunID, "the resumed run holds the conversation and is asked to stop")
+	var ended bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, session.conn.PgConn().PID()).Scan(&ended))
+	require.True(t, ended)
+	c4, err := b.claimAs(t, "c", "run-4", 0)
+	require.NoError(t, err)
+	require.NotNil(t, c4.Recovered, "the gone worker's run is recovered at once")
+	require.Equal(t, schema.RecoveryStopped, c4.Recovered.Outcome, "a stopped run is settled stopped, never retried")
+	require.Equal(t, c2.ReplyID(), c4.Recovered.ReplyID)
+	require.True(t, c4.Empty(), "nothing is left to answer")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND message_id = $2`, req.OperationID, c2.ReplyID()),
+		"the call that was never sent is settled and shown with the stopped reply")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND (approval_id IS NOT NULL OR run_id IS NOT NULL)`, b.key("c")))
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -89,8 +90,8 @@ func CreateToken(ctx context.Context, db Executor, userName string) (string, Use
 // the new token's id and expiry.
 func CreateTokenUntil(ctx context.Context, db Executor, userName string, expiresAt time.Time) (string, User, error) {
 	userName = strings.TrimSpace(userName)
-	if userName == "" || len(userName) > 200 {
-		return "", User{}, errors.New("user name must be 1 to 200 characters")
+	if userName == "" || utf8.RuneCountInString(userName) > MaxUserNameLength {
+		return "", User{}, fmt.Errorf("user name must be 1 to %d characters", MaxUserNameLength)
 	}
 	var expires *time.Time
 	if !expiresAt.IsZero() {

@@ -39,15 +39,16 @@ type Beginner interface {
 // took is never taken twice; the turn CTE alone would not see that.
 const claimSQL = `
 WITH req AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[]) WITH ORDINALITY
-		AS r(conversation_id, run_id, lease_secs, max_rows, worker, ord)),
+	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[], $7::integer[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, lease_secs, max_rows, worker, session, ord)),
 conv AS (
-	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
-		c.not_before, coalesce(c.not_before > now(), false) AS waiting
+	SELECT c.id, c.run_id, c.lease_expires_at,
+		coalesce(c.lease_expires_at <= now(), false) OR (c.run_id IS NOT NULL AND baton_run_session_gone(c.run_id)) AS expired,
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id IS NOT NULL AS parked
 	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
 free AS (
 	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
-	WHERE conv.run_id IS NULL AND NOT conv.waiting),
+	WHERE conv.run_id IS NULL AND NOT conv.waiting AND NOT conv.parked),
 turn AS (
 	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
 		SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM agent_outbox o
@@ -72,12 +73,12 @@ lease AS (
 	WHERE c.id = agg.conversation_id
 	RETURNING c.id, c.lease_expires_at),
 run AS (
-	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, started_at, lease_expires_at)
-	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, clock_timestamp(), lease.lease_expires_at
+	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
+	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, nullif(r.session, 0), clock_timestamp(), lease.lease_expires_at
 	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id JOIN lease ON lease.id = agg.conversation_id
 	RETURNING conversation_id, lease_expires_at)
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id), conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
-	conv.not_before, coalesce(conv.waiting, false),
+	conv.not_before, coalesce(conv.waiting, false), coalesce(conv.parked, false),
 	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
@@ -211,7 +212,7 @@ func claimTurns(ctx context.Context, db Beginner, ps []ClaimParams, historyLimit
 	// the lock.
 	var again []int
 	for k, i := range todo {
-		if r := rows[k]; r.exists && r.owner == nil && !r.waiting && len(r.ids) == 0 {
+		if r := rows[k]; r.exists && r.owner == nil && !r.waiting && !r.parked && len(r.ids) == 0 {
 			again = append(again, i)
 			continue
 		}
@@ -236,7 +237,7 @@ type claimRow struct {
 	exists, inSnapshot       bool
 	owner                    *string
 	expires, notBefore       *time.Time
-	expired, waiting         bool
+	expired, waiting, parked bool
 	ids                      []int64
 	traceParents             []string
 	turnID                   *string
@@ -251,11 +252,13 @@ type claimRow struct {
 func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int, skipLocked bool) ([]claimRow, error) {
 	n := len(which)
 	convs, runs, workers := make([]string, n), make([]string, n), make([]string, n)
+	sessions := make([]int32, n)
 	leases := make([]float64, n)
 	limits := make([]int64, n)
 	for k, i := range which {
 		p := ps[i]
 		convs[k], runs[k], workers[k], leases[k] = p.ConversationID, p.RunID, p.Worker, p.Lease.Seconds()
+		sessions[k] = p.Session
 		limits[k] = int64(p.MaxRows)
 		if limits[k] <= 0 {
 			limits[k] = -1
@@ -265,7 +268,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 	if skipLocked {
 		query = claimNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0))
+	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0), sessions)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +277,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 	for rows.Next() {
 		var ord int64
 		var r claimRow
-		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting,
+		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting, &r.parked,
 			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.firstCreated, &r.leaseUntil,
 			&r.pending, &r.messages, &r.history); err != nil {
 			return nil, err
@@ -309,6 +312,13 @@ func (r claimRow) result(ctx context.Context, db Beginner, p ClaimParams, histor
 		return fail(&BusyError{RunID: *r.owner, LeaseExpiresAt: *r.expires})
 	case r.waiting:
 		return fail(&WaitError{NotBefore: *r.notBefore})
+	case r.parked && skipLocked:
+		return fail(ErrRunAlone)
+	case r.parked:
+		// The turn stopped for an approval: ClaimTx's path resumes it, or
+		// says that it still waits.
+		c, in, err := claimRecovering(ctx, db, p, historyLimit)
+		return ClaimResult{Claim: c, Input: in, Err: err}
 	}
 	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
 	if len(r.ids) == 0 {
@@ -406,13 +416,15 @@ done AS (
 	RETURNING 1),
 conv AS (
 	UPDATE conversations c
-	SET run_id = NULL, lease_expires_at = NULL, updated_at = now(), last_message_at = now(), unread_count = c.unread_count + 1
+	SET run_id = NULL, lease_expires_at = NULL, updated_at = now(), last_message_at = now(), unread_count = c.unread_count + 1,
+		approval_id = NULL
 	FROM reply WHERE c.id = reply.conversation_id
 	RETURNING 1),
 ops AS (
-	UPDATE operations p SET message_id = reply.id FROM reply
-	WHERE p.run_id = reply.run_id AND p.message_id IS NULL
-	RETURNING p.run_id),
+	UPDATE operations p SET message_id = reply.id, ` + notSentSQL + `
+	FROM reply JOIN req ON req.run_id = reply.run_id
+	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `))
+	RETURNING reply.run_id),
 run AS (
 	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
 	FROM reply WHERE a.id = reply.run_id

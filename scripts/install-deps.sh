@@ -7,8 +7,16 @@
 #   prometheus  promtool (package prometheus), which checks the alert rules
 #             and the dashboard's expressions in deploy/ and runs the
 #             alerts' tests; the server it also ships is not started
-#   node      Node.js and npm (packages nodejs, npm), which build the
-#             useChat example and run the AI SDK's clients in the tests
+#   chaos     nft (package nftables), with which the kill test cuts and
+#             drops the links of its network namespaces, and iptables
+#             (package iptables), whose NFQUEUE target hands a delayed
+#             link's packets to the test to hold
+#   node      Node.js and npm (packages nodejs, npm), which run the
+#             example apps and the real clients and servers some tests use
+#   psycopg   psycopg 3 for /usr/bin/python3 (package python3-psycopg), for
+#             examples/producer-python
+#   tour      curl and ip (packages curl, iproute2), with which the test of
+#             the README's tour runs its commands in a network of its own
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -19,8 +27,20 @@ have_postgres() {
 have_promtool() {
   command -v promtool >/dev/null 2>&1
 }
+have_nft() {
+  command -v nft >/dev/null 2>&1
+}
 have_node() {
   command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+}
+have_psycopg() {
+  /usr/bin/python3 -c 'import psycopg' >/dev/null 2>&1
+}
+have_tour() {
+  command -v curl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1
+}
+have_iptables() {
+  command -v iptables >/dev/null 2>&1
 }
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
@@ -32,8 +52,11 @@ for want in "${@:-postgres}"; do
     postgres) have_postgres || missing+=(postgresql) ;;
     chromium) have_chromium || missing+=(chromium) ;;
     prometheus) have_promtool || missing+=(prometheus) ;;
+    chaos) have_nft || missing+=(nftables); have_iptables || missing+=(iptables) ;;
     node) have_node || missing+=(nodejs npm) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, node)" >&2; exit 2 ;;
+    psycopg) have_psycopg || missing+=(python3-psycopg) ;;
+    tour) have_tour || missing+=(curl iproute2) ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, psycopg, tour)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -7,6 +7,7 @@ const $ = (id) => document.getElementById(id);
 const UNSENT_KEY = "baton.unsent";
 let token = null, current = null, conv = null, messages = [], live = false, es = null;
 let streaming = null; // {run_id, seq, text}
+let approvals = []; // the calls the current turn waits on the user for
 
 let linkedToken = null; // a link's token waiting for the user's choice
 
@@ -105,7 +106,16 @@ async function refresh() {
   if (cid !== current) return;
   if (c.status === 404) { gone(); loadConversations(); return; }
   if (c.status !== 200) return;
-  conv = c.data; messages = all;
+  // A turn that waits for its user's approval shows the call it stopped at.
+  let waiting = [];
+  if (c.data.turn_state === "waiting_for_approval") {
+    try {
+      const a = await api("GET", convPath(cid) + "/approvals");
+      if (a.status === 200) waiting = a.data.approvals.filter((x) => x.status === "pending");
+    } catch (e) {}
+    if (cid !== current) return;
+  }
+  conv = c.data; messages = all; approvals = waiting;
   $("convtitle").textContent = conv.title || conv.id;
   render();
 }
@@ -160,9 +170,14 @@ function renderState() {
   if (conv.turn_state === "processing") st.innerHTML = '<span id="thinking">thinking</span>';
   else if (conv.turn_state === "pending") st.textContent = "queued";
   else if (conv.turn_state === "waiting") st.innerHTML = '<span id="waiting">waiting for the model</span>';
-  if (["processing", "pending", "waiting"].includes(conv.turn_state)) {
+  else if (conv.turn_state === "waiting_for_approval") {
+    for (const a of approvals) st.append(approvalBox(a));
+    if (!approvals.length) st.textContent = "waiting for an approval";
+  }
+  if (["processing", "pending", "waiting", "waiting_for_approval"].includes(conv.turn_state)) {
     // Stop is durable: the server commits it, then tells the worker; the
-    // reply so far stays, marked stopped.
+    // reply so far stays, marked stopped. A call that waits for approval
+    // is denied and never sent.
     const b = document.createElement("button"); b.id = "stop"; b.type = "button"; b.textContent = "Stop";
     b.onclick = async () => { b.disabled = true; try { await api("POST", convPath(current) + "/stop"); } catch (e) {} refresh(); };
     st.append(" ", b);
@@ -172,6 +187,24 @@ function renderState() {
     b.onclick = async () => { b.disabled = true; try { await api("POST", convPath(current) + "/retry"); } catch (e) {} refresh(); };
     st.append(b);
   }
+}
+
+// approvalBox shows a call that waits for the user: the tool, the exact
+// arguments that will be sent, Approve and Deny. The decision names the
+// arguments' hash, so the server refuses it if they changed meanwhile.
+function approvalBox(a) {
+  const d = document.createElement("div"); d.className = "approval"; d.dataset.id = a.id;
+  const p = document.createElement("p"); p.textContent = "The assistant wants to call " + a.tool + " with:";
+  const args = document.createElement("pre"); args.textContent = JSON.stringify(a.arguments, null, 2);
+  const decide = (approved) => async () => {
+    d.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+    try { await api("POST", convPath(current) + "/approvals/" + encodeURIComponent(a.id), { approved, arguments_sha256: a.arguments_sha256 }); } catch (e) {}
+    refresh();
+  };
+  const yes = document.createElement("button"); yes.type = "button"; yes.className = "primary approve"; yes.textContent = "Approve"; yes.onclick = decide(true);
+  const no = document.createElement("button"); no.type = "button"; no.className = "deny"; no.textContent = "Deny"; no.onclick = decide(false);
+  d.append(p, args, yes, no);
+  return d;
 }
 
 function setLive(on, why) {

@@ -130,17 +130,13 @@ func New(cfg Config) (*Loop, error) {
 // not start, or when the NATS connection was closed for good (nothing can
 // arrive any more); and no goroutine is left behind.
 func (l *Loop) Run(ctx context.Context, deliver func(jetstream.Msg)) error {
-	cons, err := l.provision(ctx)
+	sub, err := l.start(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			// Stopped while starting: a shutdown, not a failure.
-			return nil
-		}
 		return err
 	}
-	sub := &subscription{}
-	if err := sub.open(cons, l.options()...); err != nil {
-		return fmt.Errorf("consume %s/%s: %w", l.cfg.Stream.Name, l.cfg.Consumer.Name, err)
+	if sub == nil {
+		// Stopped while starting: a shutdown, not a failure.
+		return nil
 	}
 	runCtx := ctx
 	ctx, cancel := context.WithCancel(ctx)
@@ -214,6 +210,44 @@ func (l *Loop) Run(ctx context.Context, deliver func(jetstream.Msg)) error {
 		return nil
 	}
 	return stopErr
+}
+
+// start provisions the durable and subscribes to it, trying again, after
+// RetryDelay doubling up to five seconds, for as long as it fails: a
+// process that starts while NATS or the stream is away waits for them,
+// as it does when they go later, instead of exiting. It logs each cause
+// once, returns nil when ctx ends first, and an error only when the NATS
+// connection is closed for good.
+func (l *Loop) start(ctx context.Context) (*subscription, error) {
+	var logged string
+	for delay := l.cfg.RetryDelay; ; delay = min(2*delay, 5*time.Second) {
+		cons, err := l.provision(ctx)
+		if err == nil {
+			sub := &subscription{}
+			if err = sub.open(cons, l.options()...); err == nil {
+				if logged != "" {
+					l.log.Info().Msg("durable consumer ready")
+				}
+				return sub, nil
+			}
+			err = fmt.Errorf("consume %s/%s: %w", l.cfg.Stream.Name, l.cfg.Consumer.Name, err)
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if cerr := l.closed(); cerr != nil {
+			return nil, cerr
+		}
+		if err.Error() != logged {
+			logged = err.Error()
+			l.log.Warn().Err(err).Dur("retry_in", delay).Msg("durable consumer cannot be set up yet; trying again")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(delay):
+		}
+	}
 }
 
 // closed returns an error when the NATS connection is closed for good:

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -63,6 +64,11 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	active, err := schema.TokenActive(ctx, api, user.TokenID)
 	require.NoError(t, err)
 	require.True(t, active)
+	jwtUser, err := schema.EnsureUser(ctx, api, "https://tenant.example.com/|auth0|64f1c2")
+	require.NoError(t, err, "EnsureUser (a JWT's user, made on first sight) as baton_api")
+	again, err := schema.EnsureUser(ctx, api, "https://tenant.example.com/|auth0|64f1c2")
+	require.NoError(t, err, "EnsureUser of an existing user as baton_api")
+	require.Equal(t, jwtUser.ID, again.ID)
 	var conv schema.Conversation
 	inTx(t, api, "create a conversation as baton_api", func(tx pgx.Tx) error {
 		if err := schema.CheckConversationQuotaTx(ctx, tx, user.ID, 10); err != nil {
@@ -89,12 +95,22 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, schema.MarkRead(ctx, api, user.ID, "demo"))
 
+	// baton_worker's database session: numbered, its lock taken on a
+	// connection of its own, recorded on the runs it claims.
+	sessionConn, err := worker.Acquire(ctx)
+	require.NoError(t, err)
+	defer sessionConn.Release()
+	session, err := schema.NextWorkerSession(ctx, sessionConn)
+	require.NoError(t, err, "NextWorkerSession as baton_worker")
+	took, err := schema.TakeWorkerSession(ctx, sessionConn, session)
+	require.NoError(t, err, "TakeWorkerSession as baton_worker")
+	require.True(t, took, "the session's lock is free")
 	// baton_worker: a turn with a read and a write operation, finalized.
 	var claim schema.Claim
 	claimAs := func(runID string) {
 		inTx(t, worker, "ClaimTx as baton_worker", func(tx pgx.Tx) error {
 			claim, err = schema.ClaimTx(ctx, tx, schema.ClaimParams{
-				ConversationID: conv.Key, RunID: runID, Worker: "w1", Lease: time.Minute, MaxAttempts: 3, MaxRows: 20,
+				ConversationID: conv.Key, RunID: runID, Worker: "w1", Lease: time.Minute, MaxAttempts: 3, MaxRows: 20, Session: session,
 			})
 			return err
 		})
@@ -102,6 +118,21 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	}
 	claimAs("run_1")
 	require.Equal(t, []int64{first.OutboxID}, claim.OutboxIDs)
+	// A claim of a held conversation asks whether its run's worker is gone.
+	inTx(t, worker, "ClaimTx of a held conversation as baton_worker", func(tx pgx.Tx) error {
+		_, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{
+			ConversationID: conv.Key, RunID: "run_busy", Worker: "w1", Lease: time.Minute, MaxAttempts: 3, MaxRows: 20, Session: session,
+		})
+		var busy *schema.BusyError
+		if errors.As(err, &busy) {
+			return nil
+		}
+		return err
+	})
+	inTx(t, worker, "RecoverOrphanedTx as baton_worker", func(tx pgx.Tx) error {
+		_, err := schema.RecoverOrphanedTx(ctx, tx, 10, 3)
+		return err
+	})
 	_, err = schema.LoadTurn(ctx, worker, conv.Key, claim.OutboxIDs, 10)
 	require.NoError(t, err, "LoadTurn as baton_worker")
 	_, err = schema.RenewLease(ctx, worker, conv.Key, "run_1", time.Minute)

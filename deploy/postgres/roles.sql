@@ -31,8 +31,14 @@
 --   baton_status    `baton status`: reads counts, never content; member of
 --                   pg_read_all_stats, to see the relay's connection
 --   baton_admin     `baton token create|list|revoke`
--- What each may do with each table is decided in migration 00007
--- (baton_grants); this file applies it to the roles it made.
+--   baton_producer  a group role, never a login: your backend's own role,
+--                   made a member (GRANT baton_producer TO shop), may call
+--                   the SQL producer's functions, baton_create_conversation
+--                   and baton_send_message, in its own transactions, and
+--                   nothing else of Baton's (docs/guides/producing.md)
+-- What each may do with each table and function is decided in migrations
+-- 00007 and 00015 (baton_grants); this file applies it to the roles it
+-- made.
 
 \set ON_ERROR_STOP on
 \set QUIET on
@@ -104,6 +110,7 @@ SELECT set_config('baton.password_admin', :'admin_password', false) IS NULL AS u
 DO $$
 DECLARE
   r record;
+  m record;
   pw text;
 BEGIN
   -- Two runs at once would change the same roles: one waits.
@@ -141,6 +148,18 @@ BEGIN
   IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'baton_status') THEN
     GRANT pg_read_all_stats TO baton_status;
   END IF;
+  -- The producers' group role: no login and no password of its own, and a
+  -- member of no other role, so that what its members get from it is the
+  -- producer's functions and nothing more.
+  BEGIN
+    CREATE ROLE baton_producer;
+  EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL;
+  END;
+  ALTER ROLE baton_producer WITH NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS INHERIT NOREPLICATION PASSWORD NULL;
+  FOR m IN SELECT a.roleid::regrole AS granted FROM pg_auth_members a WHERE a.member = 'baton_producer'::regrole LOOP
+    EXECUTE format('REVOKE %s FROM baton_producer', m.granted);
+  END LOOP;
 END
 $$;
 
@@ -170,8 +189,9 @@ DECLARE
   role_name name;
   f regprocedure;
 BEGIN
+  -- baton_producer's members connect through it.
   FOR role_name IN SELECT rolname FROM pg_roles WHERE rolname IN
-      ('baton_migrator', 'baton_api', 'baton_worker', 'baton_relay', 'baton_group', 'baton_status', 'baton_admin')
+      ('baton_migrator', 'baton_api', 'baton_worker', 'baton_relay', 'baton_group', 'baton_status', 'baton_admin', 'baton_producer')
   LOOP
     EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), role_name);
     EXECUTE format('GRANT USAGE ON SCHEMA public TO %I', role_name);
@@ -187,12 +207,12 @@ BEGIN
 END
 $$;
 
--- The grants of each table, as migration 00007 decided them, once the
--- migrations ran (before, `baton migrate` applies them itself).
+-- The grants of each table and function, as baton_grants decides them,
+-- once the migrations ran (before, `baton migrate` applies them itself).
 SELECT to_regproc('baton_apply_grants') IS NOT NULL AS migrated \gset
 \if :migrated
 SELECT baton_apply_grants() AS grants \gset
-\echo roles.sql: the roles are ready, with :grants table and sequence grants in database :database
+\echo roles.sql: the roles are ready, with :grants table, sequence and function grants in database :database
 \else
 \echo roles.sql: the roles are ready; database :database is not migrated yet: run baton migrate as baton_migrator
 \endif

@@ -27,8 +27,8 @@ func (d *deployment) migrate(t *testing.T) {
 
 // privileges is every privilege of the database that roles.sql and the
 // grants decide: the roles' attributes and memberships, the database's,
-// the schema's and the tables', columns' and sequences' access lists, and
-// who may emit logical decoding messages.
+// the schema's and the tables', columns', sequences' and functions' access
+// lists, and who may emit logical decoding messages.
 func privileges(t *testing.T, db *pgxpool.Pool) string {
 	t.Helper()
 	var out string
@@ -48,7 +48,9 @@ func privileges(t *testing.T, db *pgxpool.Pool) string {
 		     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		     WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S')),
 		  (SELECT string_agg(oid::regprocedure::text || ' ' || coalesce(proacl::text, 'default'), E'\n' ORDER BY oid)
-		     FROM pg_proc WHERE proname = 'pg_logical_emit_message'))`).Scan(&out)
+		     FROM pg_proc WHERE proname = 'pg_logical_emit_message'),
+		  (SELECT string_agg(oid::regprocedure::text || ' ' || coalesce(proacl::text, 'default'), E'\n' ORDER BY proname, oid)
+		     FROM pg_proc WHERE pronamespace = 'public'::regnamespace))`).Scan(&out)
 	require.NoError(t, err)
 	return out
 }
@@ -66,6 +68,10 @@ func TestRolesSQLIsSafeToRunAgainAndNeverPrintsAPassword(t *testing.T) {
 	for _, role := range []string{"baton_migrator", "baton_api", "baton_worker", "baton_relay", "baton_group", "baton_status", "baton_admin"} {
 		require.Contains(t, before, role+" login=t super=f", "roles.sql makes %s, a login role and no superuser", role)
 	}
+	require.Contains(t, before, "baton_producer login=f super=f replication=f createdb=f createrole=f bypassrls=f member_of=\n",
+		"roles.sql makes baton_producer, a group role that is no login and belongs to no other role")
+	require.Contains(t, before, "baton_send_message(text,text,text,text) {baton_migrator=X/baton_migrator,baton_producer=X/baton_migrator}",
+		"baton_producer, and nobody else but the owner, may execute baton_send_message")
 	require.Contains(t, before, "baton_relay login=t super=f replication=t createdb=f createrole=f bypassrls=f member_of=\n")
 	require.Contains(t, before, "baton_status login=t super=f replication=f createdb=f createrole=f bypassrls=f member_of={pg_read_all_stats}")
 	require.Contains(t, before, "baton_api login=t super=f replication=f")
@@ -142,6 +148,12 @@ func TestEachRoleIsRefusedWhatItsComponentDoesNotDo(t *testing.T) {
 		{"api", "make a replication slot", `SELECT pg_create_logical_replication_slot('intruder', 'pgoutput')`},
 		{"api", "read the audit log", `SELECT count(*) FROM audit_events`},
 		{"api", "change the grant decisions", `UPDATE baton_grants SET privilege = 'SELECT'`},
+		{"api", "send a message as any user through the SQL producer", `SELECT * FROM baton_send_message('alice', 'c', 'm', 'x')`},
+		{"api", "create a conversation for any user through the SQL producer", `SELECT * FROM baton_create_conversation('alice', 'c', 'x')`},
+		{"api", "find or make a user by name", `SELECT baton_producer_user('alice', true)`},
+		{"worker", "store a user message", `SELECT * FROM baton_send_message_for_owner(1, 'c', 'm', 'x', NULL)`},
+		{"worker", "create a conversation", `SELECT * FROM baton_create_conversation_for_owner(1, 'c', 'x')`},
+		{"relay", "store a user message", `SELECT * FROM baton_send_message_for_owner(1, 'c', 'm', 'x', NULL)`},
 		{"worker", "read tokens", `SELECT token_hash FROM api_tokens`},
 		{"worker", "read users", `SELECT name FROM users`},
 		{"worker", "delete a conversation", `DELETE FROM conversations`},

@@ -20,31 +20,22 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/batonhq/baton/deploy/deploytest"
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/internal/testenv"
 )
 
-// TestMain stops the package's server after the tests, then fails a run
-// that passed but left goroutines behind, as testenv.Main does.
+// TestMain stops the package's server after the tests, before
+// testenv.Main looks for leaked goroutines.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if server != nil {
-		_ = server.Stop(pgcluster.Fast)
-		_ = os.RemoveAll(serverDir)
-	}
-	if code == 0 {
-		if err := goleak.Find(
-			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
-		); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak: "+err.Error())
-			code = 1
+	testenv.AfterAll(func() {
+		if server != nil {
+			_ = server.Stop(pgcluster.Fast)
+			_ = os.RemoveAll(serverDir)
 		}
-	}
-	os.Exit(code)
+	})
+	os.Exit(testenv.Main(m))
 }
 
 // components are the roles roles.sql makes, by the name of their password

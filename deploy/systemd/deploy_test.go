@@ -21,8 +21,8 @@ func copyDeployFiles(t *testing.T) string {
 	return dir
 }
 
-// TestTheShippedDeploymentWorks deploys the files as shipped, as README's
-// Deploying says, and sees it work: a message posted through the API gets
+// TestTheShippedDeploymentWorks deploys the files as shipped, as the
+// deploying guide (docs/guides/deploying.md) says, and sees it work: a message posted through the API gets
 // the model's reply, the audit group records its event and the webhook
 // group delivers it signed, every connection to PostgreSQL is over TLS
 // (the relay's replication included), baton status finds nothing wrong,

@@ -38,7 +38,7 @@ import (
 	"github.com/batonhq/baton/internal/testenv"
 )
 
-// The hosts the deploy files and README's Deploying name, which addresses
+// The hosts the deploy files and the deploying guide (docs/guides/deploying.md) name, which addresses
 // on this machine stand in for.
 const (
 	dbHost      = "db.internal:5432"
@@ -49,7 +49,7 @@ const (
 var natsHosts = []string{"n1.internal:4222", "n2.internal:4222", "n3.internal:4222"}
 
 // roles are the PostgreSQL roles roles.sql makes, all of them given a
-// password, as README's Deploying does.
+// password, as the deploying guide (docs/guides/deploying.md) does.
 var roles = []string{"migrator", "api", "worker", "relay", "group", "status", "admin"}
 
 // brokenSigns are what a line of a healthy deployment never holds: each
@@ -77,7 +77,7 @@ type deployment struct {
 	// files is the copy of deploy/ that is deployed.
 	files string
 	// root stands for the machine's /: /etc/baton, /etc/postgresql/tls,
-	// /usr/local/bin/baton … of README's Deploying are under it.
+	// /usr/local/bin/baton … of the deploying guide (docs/guides/deploying.md) are under it.
 	root    string
 	machine machine
 	// variables is the rewrite table the run uses: variables, unless a
@@ -127,7 +127,7 @@ func newDeployment(t *testing.T, files string) *deployment {
 		t.Fatal(err)
 	}
 	// The server runs as postgres and the services as an unprivileged
-	// user: both reach what the README installs world-readable.
+	// user: both reach what the deploying guide installs world-readable.
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func (d *deployment) stopAll() { d.group.StopAll(30 * time.Second) }
 
 // deploy runs the deployment and checks it, and returns the first thing
 // that went wrong, named: a file the test cannot use as shipped, a command
-// of the README that failed, a line that shows a refusal, a reply that
+// of the deploying guide that failed, a line that shows a refusal, a reply that
 // did not come, a connection without TLS, a secret in an output.
 func (d *deployment) deploy() error {
 	testenv.StartPlainBatonBuild()
@@ -439,7 +439,7 @@ func (d *deployment) write(p string, data []byte, mode os.FileMode) error {
 	return os.Chmod(here, mode)
 }
 
-// install makes what README's Deploying installs before anything runs:
+// install makes what the deploying guide (docs/guides/deploying.md) installs before anything runs:
 // the folders, and the environment files copied from deploy/systemd/env
 // to /etc/baton.
 func (d *deployment) install() error {
@@ -528,7 +528,7 @@ func (d *deployment) startFakes() {
 	}
 }
 
-// startPostgres starts PostgreSQL as README's Deploying sets it up: a
+// startPostgres starts PostgreSQL as the deploying guide (docs/guides/deploying.md) sets it up: a
 // certificate for db.internal from make-certs.sh installed where tls.conf
 // looks, the settings of baton.conf and tls.conf, and pg_hba.conf with
 // the loopback network in place of the example one.
@@ -574,7 +574,7 @@ func (d *deployment) startPostgres() error {
 				// A file of the server: where the test installed it.
 				here, _ := d.machine.path(v)
 				if _, err := os.Stat(here); err != nil {
-					return fmt.Errorf("deploy/postgres/%s: %s = '%s', which README's Deploying does not install: %v", f, k, v, err)
+					return fmt.Errorf("deploy/postgres/%s: %s = '%s', which the deploying guide (docs/guides/deploying.md) does not install: %v", f, k, v, err)
 				}
 				v = here
 			}
@@ -617,12 +617,12 @@ func (d *deployment) startPostgres() error {
 }
 
 // psqlEnv is the environment of the operator's shell, as far as a command
-// of the README sees it: nothing of Baton's or PostgreSQL's unless given.
+// of the deploying guide sees it: nothing of Baton's or PostgreSQL's unless given.
 func psqlEnv(extra ...string) []string {
 	return append([]string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "LANG=C.UTF-8"}, extra...)
 }
 
-// rolesSQL runs deploy/postgres/roles.sql as README's Deploying does:
+// rolesSQL runs deploy/postgres/roles.sql as the deploying guide (docs/guides/deploying.md) does:
 // psql as the superuser, the file on its input, each role's password
 // (openssl rand -hex 24) in its BATON_PG_<ROLE>_PASSWORD variable.
 func (d *deployment) rolesSQL() error {
@@ -669,14 +669,14 @@ func (d *deployment) password(role string) string {
 	return ""
 }
 
-// pgurl is the README's pgurl: the URL of baton_<role>, with the server's
+// pgurl is the deploying guide's pgurl: the URL of baton_<role>, with the server's
 // certificate checked against the CA of /etc/baton/tls (here).
 func (d *deployment) pgurl(role string) string {
 	ca, _ := d.machine.path("/etc/baton/tls/postgres-ca.crt")
 	return fmt.Sprintf("postgres://baton_%s:%s@%s/baton?sslmode=verify-full&sslrootcert=%s\n", role, d.password(role), d.machine.hosts[dbHost], ca)
 }
 
-// installBaton does README's step 5a up to the units: the CAs in
+// installBaton does the deploying guide's step 5a up to the units: the CAs in
 // /etc/baton/tls, and each unit's credentials in
 // /etc/baton/credentials/<unit>/, root's only.
 func (d *deployment) installBaton(nc *clustertest.Cluster) error {
@@ -741,7 +741,7 @@ func (d *deployment) startService(s *service) error {
 	for id, source := range s.credentials {
 		b, err := os.ReadFile(source)
 		if err != nil {
-			return fmt.Errorf("%s: systemd would not start it: LoadCredential=%s: %w (README's Deploying installs the credentials under /etc/baton/credentials)", s.unit, id, err)
+			return fmt.Errorf("%s: systemd would not start it: LoadCredential=%s: %w (the deploying guide (docs/guides/deploying.md) installs the credentials under /etc/baton/credentials)", s.unit, id, err)
 		}
 		to := filepath.Join(s.credDir, id)
 		if err := os.WriteFile(to, b, 0o400); err != nil {
@@ -779,7 +779,7 @@ func (d *deployment) startService(s *service) error {
 	return d.failure()
 }
 
-// operator runs a command of README's Deploying in the operator's shell:
+// operator runs a command of the deploying guide (docs/guides/deploying.md) in the operator's shell:
 // the NATS variables it exports, the database URL of role from a file
 // (<(pgurl role)), and the extra variables.
 func (d *deployment) operator(name, role string, timeout time.Duration, extra []string, args ...string) (*process, error) {
@@ -803,7 +803,7 @@ func (d *deployment) operator(name, role string, timeout time.Duration, extra []
 	return d.runToEnd(name, timeout, env, bin, args...)
 }
 
-// converse makes a token as the README does (baton token create, as
+// converse makes a token as the deploying guide does (baton token create, as
 // baton_admin), and posts a message through the API, whose reply must
 // come from the model server with the worker's key.
 func (d *deployment) converse() error {
@@ -998,7 +998,7 @@ func (d *deployment) checkLoggedTLS() error {
 	return nil
 }
 
-// status runs baton status as README's Deploying does: as baton_status,
+// status runs baton status as the deploying guide (docs/guides/deploying.md) does: as baton_status,
 // with the status user's nkey seed.
 func (d *deployment) status() error {
 	seed, _ := d.machine.path("/root/baton-nkeys/status.nk")

@@ -1,5 +1,5 @@
 // Package systemd_test is the deploy test: it deploys Baton from the
-// files of deploy/ as README's Deploying does, on this machine, and
+// files of deploy/ as the deploying guide (docs/guides/deploying.md) does, on this machine, and
 // checks that it works. PostgreSQL runs with deploy/postgres's settings,
 // a TLS certificate and the roles of roles.sql; the NATS cluster of
 // deploy/nats runs its three nodes; and every unit of deploy/systemd runs

@@ -14,7 +14,7 @@ import (
 )
 
 // units are the units the test runs: every unit of deploy/systemd, the
-// template once per group the README starts.
+// template once per group the deploying guide starts.
 var units = []string{
 	"baton-migrate.service",
 	"baton-api.service",
@@ -97,7 +97,7 @@ const systemdPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // machine is what stands for the deployment's machines here.
 type machine struct {
-	// root stands for /: the files the README installs are under it.
+	// root stands for /: the files the deploying guide installs are under it.
 	root string
 	// hosts maps each host[:port] the deploy files name to an address
 	// here.
@@ -189,7 +189,7 @@ func plan(dir string, m machine, credRoot string, variables map[string]rule) ([]
 	}
 	for _, want := range units {
 		if !slices.Contains(names, want) {
-			return nil, fmt.Errorf("deploy/systemd has no unit %s, which README's Deploying starts", want)
+			return nil, fmt.Errorf("deploy/systemd has no unit %s, which the deploying guide (docs/guides/deploying.md) starts", want)
 		}
 	}
 	used := map[string]bool{}
@@ -294,7 +294,7 @@ func planUnit(u deploytest.Unit, m machine, credRoot string, variables map[strin
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("EnvironmentFile=%s, which systemd cannot read: %w (README's Deploying copies deploy/systemd/env/*.env to /etc/baton/)", f, err)
+			return nil, fmt.Errorf("EnvironmentFile=%s, which systemd cannot read: %w (the deploying guide (docs/guides/deploying.md) copies deploy/systemd/env/*.env to /etc/baton/)", f, err)
 		}
 		for k, v := range kv {
 			env[k], where[k] = v, "env/"+filepath.Base(f)

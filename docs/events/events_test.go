@@ -473,7 +473,8 @@ func TestSchemaRefusesRenamedDroppedOrUnknownFields(t *testing.T) {
 	full := map[string][]any{
 		events.KindTrigger: {batonnats.Trigger{OutboxID: 1, ConversationID: "c", MessageID: "m", CreatedAt: created, Reason: batonnats.ReasonRetry, Announcement: "a1"}},
 		events.KindConversationEvent: {batonnats.ConversationEvent{Type: batonnats.EventWaiting, ConversationID: "c", RunID: "r", TurnID: "t",
-			MessageID: "m", OutboxIDs: []int64{1}, NotBefore: &created, At: created}},
+			MessageID: "m", OutboxIDs: []int64{1}, NotBefore: &created, At: created,
+			ApprovalID: "ap_1", Tool: "s__t", ExpiresAt: &created, Decision: "approved"}},
 		events.KindLiveDelta: {
 			batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaText, Text: "x"},
 			batonnats.LiveDelta{RunID: "r", Seq: 2, Type: batonnats.DeltaToolInput, ToolCallID: "call_1", Tool: "clock", Input: json.RawMessage(`{"zone":"UTC"}`)},
@@ -507,6 +508,9 @@ func requireRefusesEdits(t *testing.T, kind string, example any) []string {
 		for field := range body {
 			fields = append(fields, field)
 			for _, renamed := range []string{field + "s", strings.ReplaceAll(field, "_", ""), strings.ToUpper(field[:1]) + field[1:]} {
+				if renamed == field {
+					continue // a one-word name has no underscore to drop
+				}
 				edited := clone(body)
 				edited[renamed] = edited[field]
 				delete(edited, field)

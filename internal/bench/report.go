@@ -141,7 +141,7 @@ func WriteTable(w io.Writer, figs []Figure) error {
 	return err
 }
 
-// WriteMarkdown prints figs as a Markdown table, as the README shows them.
+// WriteMarkdown prints figs as a Markdown table, as docs/internals/measured.md shows them.
 func WriteMarkdown(w io.Writer, figs []Figure) error {
 	var b strings.Builder
 	b.WriteString("| " + strings.Join(tableHeader, " | ") + " |\n")

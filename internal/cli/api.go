@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/batonhq/baton/api"
 	"github.com/batonhq/baton/internal/config"
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // httpOptions are the API server's own settings.
@@ -22,6 +24,8 @@ type httpOptions struct {
 	MaxContentBytes int    `name:"max-content-bytes" env:"BATON_MAX_CONTENT_BYTES" help:"Largest message content accepted, in bytes (larger gets 413)." default:"65536"`
 	quotaFlags      `embed:""`
 	limitFlags      `embed:""`
+	jwtFlags        `embed:""`
+	CORSOrigins     []string `name:"cors-origins" env:"BATON_CORS_ORIGINS" sep:"," setting:"CORSOrigins" placeholder:"ORIGIN" help:"Origins whose pages may call the API from the browser, exactly (https://app.example), comma-separated; no wildcard. Default: none, no cross-origin access."`
 }
 
 // limitFlags are the HTTP edge's limits, shared by `baton api` and `baton
@@ -61,8 +65,8 @@ func (o httpOptions) validate() error {
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
 		return fmt.Errorf("--http-addr / BATON_HTTP_ADDR %q is not host:port (for example 127.0.0.1:8080)", o.HTTPAddr)
 	}
-	if o.MaxContentBytes < 1 {
-		return fmt.Errorf("--max-content-bytes / BATON_MAX_CONTENT_BYTES must be at least 1, not %d", o.MaxContentBytes)
+	if o.MaxContentBytes < 1 || o.MaxContentBytes > schema.MaxContentBytes {
+		return fmt.Errorf("--max-content-bytes / BATON_MAX_CONTENT_BYTES must be 1 to %d (1 MiB, the bound of every producer), not %d", schema.MaxContentBytes, o.MaxContentBytes)
 	}
 	return nil
 }
@@ -83,8 +87,25 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	log := env.Log.With().Str("component", "api").Logger()
+	// A registry of its own, as every other component has: two APIs in one
+	// process (tests, a program that embeds the CLI) never register the
+	// same collector twice.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Checked before anything connects: a sign-in setting that cannot
+	// work is a usage error.
+	cfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
+		MaxContentBytes: c.MaxContentBytes,
+		Quotas:          c.apiQuotas(),
+		StreamRecheck:   c.StreamRecheck,
+		Log:             log,
+		Registerer:      reg,
+	}), log)
+	if err != nil {
+		return err
+	}
 	defer startTracing(ctx, "api", log)()
-	pool, err := openPool(ctx, c.Database)
+	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
 		return err
 	}
@@ -99,23 +120,15 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	defer closeNATS()
-	registerNATSConnected(prometheus.DefaultRegisterer, nc)
-	srv, err := api.New(c.withLimits(api.Config{
-		JetStream:       js,
-		NATS:            nc,
-		Events:          batonnats.EventsConfig{Replicas: c.Replicas},
-		Pool:            pool,
-		MaxContentBytes: c.MaxContentBytes,
-		Quotas:          c.apiQuotas(),
-		StreamRecheck:   c.StreamRecheck,
-		Log:             log,
-		Registerer:      prometheus.DefaultRegisterer,
-	}))
+	registerNATSConnected(reg, nc)
+	cfg.JetStream, cfg.NATS, cfg.Events, cfg.Pool = js, nc, batonnats.EventsConfig{Replicas: c.Replicas}, pool
+	srv, err := api.New(cfg)
 	if err != nil {
 		return err
 	}
+	logSignIn(ctx, srv, c.CORSOrigins, log)
 	if c.MetricsAddr != "" {
-		stop, err := serveMetrics(c.MetricsAddr, prometheus.DefaultGatherer, log)
+		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {
 			return err
 		}

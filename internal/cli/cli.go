@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -67,6 +68,7 @@ type root struct {
 	Dev        devCmd        `cmd:"" help:"Run everything in one process, with a local PostgreSQL and NATS when none is configured."`
 	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
 	Version    versionCmd    `cmd:"" help:"Print the version."`
+	MCP        mcpCmd        `cmd:"" name:"mcp" help:"Manage MCP tools: accept a changed tool definition."`
 }
 
 type exitSentinel struct{ code int }
@@ -157,6 +159,47 @@ func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pg
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d (database %q): %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// openServicePool is openPoolSized for a long-running component (worker,
+// relay, API, group), which must ride out a database that is away: a
+// server that cannot be reached yet (down, restarting, failing over) is
+// logged and the pool returned all the same, to connect when it can (every
+// use of a pgx pool connects on demand, and the component reports itself
+// not ready meanwhile). Only what another try cannot change fails: a URL
+// that does not parse, a refused login, a database that does not exist.
+// Exiting instead would leave the component to a supervisor, which under
+// Kubernetes holds back a container that keeps exiting for minutes.
+func openServicePool(ctx context.Context, db config.Database, maxConns int32, log zerolog.Logger) (*pgxpool.Pool, error) {
+	if err := db.Validate(); err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
+	}
+	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	err = pool.Ping(ctx)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+	case errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "3D000"):
+		pool.Close()
+		return nil, fmt.Errorf("PostgreSQL at %s:%d refused the connection (database %q): %w; check --database-url / BATON_DATABASE_URL", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	case ctx.Err() != nil:
+		pool.Close()
+		return nil, ctx.Err()
+	default:
+		log.Warn().Err(err).Str("host", cfg.ConnConfig.Host).Uint16("port", cfg.ConnConfig.Port).
+			Msg("cannot reach PostgreSQL yet; starting anyway and connecting when it can")
 	}
 	return pool, nil
 }

@@ -59,6 +59,10 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.Replication.Validate(); err != nil {
 		return &UsageError{Err: err}
 	}
+	// A sign-in setting that cannot work stops before anything starts.
+	if _, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, api.Config{}, zerolog.Nop()); err != nil {
+		return err
+	}
 	log := env.Log.With().Str("component", "dev").Logger()
 	defer startTracing(ctx, "dev", log)()
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
@@ -137,14 +141,20 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerNATSConnected(reg, nc)
-	srv, err := api.New(c.withLimits(api.Config{
-		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: env.Log.With().Str("component", "api").Logger(),
+	apiLog := env.Log.With().Str("component", "api").Logger()
+	apiCfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
+		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: apiLog,
 		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck,
 		Registerer: reg, JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
-	}))
+	}), apiLog)
 	if err != nil {
 		return err
 	}
+	srv, err := api.New(apiCfg)
+	if err != nil {
+		return err
+	}
+	logSignIn(ctx, srv, c.CORSOrigins, apiLog)
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {

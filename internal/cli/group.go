@@ -92,7 +92,7 @@ func (c *groupRunCmd) Run(ctx context.Context, env *Env) error {
 	}
 	log := env.Log.With().Str("component", "group").Logger()
 	defer startTracing(ctx, "group", log)()
-	pool, err := openPool(ctx, c.Database)
+	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
 		return err
 	}

@@ -76,6 +76,14 @@ func connectNATS(o natsconn.Options, log zerolog.Logger, extra ...natsclient.Opt
 // returns its JetStream context. The caller closes the connection.
 func connectJetStream(o natsconn.Options, log zerolog.Logger) (*natsclient.Conn, jetstream.JetStream, error) {
 	nc, err := connectNATS(o, log)
+	if errors.Is(err, natsclient.ErrNoServers) {
+		// No server could be reached at start: it is waited for, as one
+		// lost later is, and the process reports itself not connected
+		// meanwhile. A refusal (credentials, TLS) still fails at once,
+		// naming the setting to fix.
+		log.Warn().Err(err).Msg("cannot reach NATS yet; starting anyway and connecting when it can")
+		nc, err = connectNATS(o, log, natsclient.RetryOnFailedConnect(true), natsclient.ReconnectWait(500*time.Millisecond))
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -97,7 +105,7 @@ func joinStream(ctx context.Context, js jetstream.JetStream, given batonnats.Str
 		if err == nil {
 			return s, nil
 		}
-		if !errors.Is(err, batonnats.ErrStreamMissing) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, natsclient.ErrTimeout) {
+		if !natsUnavailable(err) {
 			return batonnats.StreamConfig{}, setting.Within("Stream", err)
 		}
 		if !waiting {
@@ -158,4 +166,20 @@ func connectLiveNATS(ctx context.Context, o natsconn.Options, events batonnats.E
 		}
 	}()
 	return nc, js, func() { cancel(); <-done; nc.Close() }, nil
+}
+
+// natsUnavailable reports whether err is NATS or the outbox stream being
+// away for now (not reachable yet, reconnecting, no JetStream leader, the
+// stream not created yet by its owner), which waiting cures.
+func natsUnavailable(err error) bool {
+	for _, e := range []error{batonnats.ErrStreamMissing, context.DeadlineExceeded, natsclient.ErrTimeout,
+		natsclient.ErrNoResponders, natsclient.ErrConnectionReconnecting, natsclient.ErrDisconnected, natsclient.ErrConnectionClosed,
+		jetstream.ErrJetStreamNotEnabled, jetstream.ErrJetStreamNotEnabledForAccount} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var apiErr *jetstream.APIError
+	// 503 is JetStream's "not available": a cluster without a leader.
+	return errors.As(err, &apiErr) && apiErr.Code == 503
 }

@@ -66,7 +66,7 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 		return &UsageError{Err: fmt.Errorf("--prune-every / BATON_PRUNE_EVERY %s: give a positive interval, such as %s, or 0 to turn pruning off", c.PruneEvery, DefaultPruneEvery)}
 	}
 
-	pool, err := openPool(ctx, c.Database)
+	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
 		return err
 	}

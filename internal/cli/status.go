@@ -13,6 +13,7 @@ import (
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/internal/status"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -30,6 +31,8 @@ type statusCmd struct {
 	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"${sweep_age}"`
 	StallAfter    time.Duration `name:"stall-after" env:"BATON_STATUS_STALL_AFTER" help:"How long the slot's confirmed position may stand still while WAL waits behind it, and a consumer of the stream may go without an acknowledgement while events wait for it, before either needs attention." default:"${stall_after}"`
 	LeaseGrace    time.Duration `name:"lease-grace" env:"BATON_STATUS_LEASE_GRACE" help:"How long past its expiry a run may hold a conversation's lease before it needs attention (workers recover expired leases every half lease)." default:"${lease_grace}"`
+	// The API's sign-in, shown with its issuer's keys fetched.
+	jwtFlags `embed:""`
 }
 
 func (c *statusCmd) Run(ctx context.Context, env *Env) error {
@@ -41,6 +44,14 @@ func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	}
 	if c.LeaseGrace <= 0 {
 		return &UsageError{Err: fmt.Errorf("--lease-grace / BATON_STATUS_LEASE_GRACE %s: give a positive duration, such as %s", c.LeaseGrace, status.DefaultLeaseGrace)}
+	}
+	jwtCfg, err := c.jwtConfig()
+	if err != nil {
+		return err
+	}
+	verifier, err := jwtauth.New(jwtCfg)
+	if err != nil {
+		return settingError(c, setting.Within("JWT", err))
 	}
 	pool, err := openPool(ctx, c.Database)
 	if err != nil {
@@ -72,6 +83,11 @@ func (c *statusCmd) Run(ctx context.Context, env *Env) error {
 	})
 	if err != nil {
 		return err
+	}
+	if verifier != nil {
+		rep.SetSignIn(signInStatus(gctx, verifier))
+	} else {
+		rep.SetSignIn(status.SignIn{BatonTokens: true})
 	}
 	if c.JSON {
 		enc := json.NewEncoder(env.Stdout)

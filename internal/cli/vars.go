@@ -9,6 +9,7 @@ import (
 	"github.com/batonhq/baton/consumer/group"
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/status"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
 	"github.com/batonhq/baton/schema"
@@ -54,6 +55,9 @@ func vars() map[string]string {
 		"model_tool_result":    fmt.Sprint(agent.DefaultMaxToolResultBytes),
 		"max_model_calls":      fmt.Sprint(agent.DefaultMaxModelCalls),
 		"max_tool_iterations":  fmt.Sprint(agent.DefaultMaxToolIterations),
+		"approval_ttl":         consumer.DefaultApprovalTTL.String(),
+		"mcp_call_timeout":     agent.DefaultMCPCallTimeout.String(),
+		"mcp_max_output":       fmt.Sprint(agent.DefaultMCPMaxOutputBytes),
 		"http_header_timeout":  api.DefaultHeaderTimeout.String(),
 		"http_read_timeout":    api.DefaultReadTimeout.String(),
 		"http_write_timeout":   api.DefaultWriteTimeout.String(),
@@ -72,6 +76,7 @@ func vars() map[string]string {
 		"stream_recheck":       api.DefaultStreamRecheck.String(),
 		"max_turn_messages":    fmt.Sprint(consumer.DefaultMaxTurnMessages),
 		"turn_timeout":         consumer.DefaultTurnTimeout.String(),
+		"session_check":        consumer.DefaultSessionCheckInterval.String(),
 		"stall_after":          status.DefaultStallAfter.String(),
 		"lease_grace":          status.DefaultLeaseGrace.String(),
 		"outbox_retention":     schema.DefaultOutboxRetention.String(),
@@ -81,5 +86,6 @@ func vars() map[string]string {
 		"prune_batch":          fmt.Sprint(schema.DefaultPruneBatch),
 		"prune_pass_time":      schema.DefaultPrunePassTime.String(),
 		"prune_every":          DefaultPruneEvery.String(),
+		"jwt_user_claim":       jwtauth.DefaultUserClaim,
 	}
 }

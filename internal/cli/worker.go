@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -30,9 +31,12 @@ type workerCmd struct {
 	Concurrency     int             `name:"concurrency" env:"BATON_CONCURRENCY" setting:"Concurrency" help:"Turns this worker runs at once. Defaults to ${concurrency}."`
 	MaxTurnMessages int             `name:"max-turn-messages" env:"BATON_MAX_TURN_MESSAGES" setting:"MaxTurnMessages" help:"Pending messages one turn answers at most, oldest first; the rest are the next turns'. Defaults to ${max_turn_messages}."`
 	TurnTimeout     time.Duration   `name:"turn-timeout" env:"BATON_TURN_TIMEOUT" setting:"TurnTimeout" help:"Wall-clock deadline of a turn; past it the attempt fails and is retried, then shown as failed. Defaults to ${turn_timeout}."`
+	SessionCheck    time.Duration   `name:"session-check-interval" env:"BATON_SESSION_CHECK_INTERVAL" setting:"SessionCheckInterval" help:"How often this worker looks for runs of workers whose database session ended, and recovers them. Defaults to ${session_check}."`
+	Session         bool            `name:"session" env:"BATON_SESSION" default:"true" negatable:"" help:"Hold a database session that tells other workers this one is alive, so that the turns of a worker that dies are taken over at once instead of after the lease; --no-session behind a pooler in transaction mode, which cannot keep a session."`
 	MetricsAddr     string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags      `embed:""`
 	echoFlags       `embed:""`
+	mcpFlags        `embed:""`
 }
 
 // echoFlags configure --agent echo.
@@ -91,8 +95,28 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		MaxTurnMessages: c.MaxTurnMessages,
 		TurnTimeout:     c.TurnTimeout,
 		CrashAt:         crashAt,
+		PauseAt:         os.Getenv(consumer.PauseEnv),
 		Logger:          &log,
 		Registerer:      reg,
+		ApprovalTTL:     c.ApprovalTTL,
+	}
+	var mcpCfg *agent.MCPConfig
+	if c.mcpFlags.any() {
+		if c.Agent != "openai" {
+			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai: the echo agent calls no tools of servers")}
+		}
+		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
+		if err != nil {
+			return &UsageError{Err: err}
+		}
+		if err := mc.WithDefaults().Validate(); err != nil {
+			return settingError(c, err)
+		}
+		mcpCfg = &mc
+	}
+	cfg.SessionCheckInterval = c.SessionCheck
+	if !c.Session {
+		cfg.SessionCheckInterval = consumer.NoSession
 	}
 	var agentCfg *agent.Config
 	if c.Agent == "openai" {
@@ -120,7 +144,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return settingError(c, err)
 	}
 
-	pool, err := openPoolSized(ctx, c.Database, workerPoolConns(cfg.WithDefaults().Concurrency))
+	pool, err := openServicePool(ctx, c.Database, workerPoolConns(cfg.WithDefaults().Concurrency), log)
 	if err != nil {
 		return err
 	}
@@ -149,6 +173,15 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		cfg.Agent = a
 	}
 	cfg.Pool, cfg.JetStream = pool, js
+	if mcpCfg != nil {
+		mcpCfg.DB = pool
+		m, err := agent.NewMCP(*mcpCfg)
+		if err != nil {
+			return settingError(c, err)
+		}
+		defer m.Close()
+		cfg.ToolSource = m
+	}
 	w, err := consumer.New(cfg)
 	if err != nil {
 		return err

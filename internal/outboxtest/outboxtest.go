@@ -46,8 +46,14 @@ type Bundle struct {
 // partitions) and a real relay for t, all stopped when t ends.
 func Setup(t testing.TB) *Bundle {
 	t.Helper()
+	return SetupOn(t, testenv.Database(t), testenv.StartNATS(t))
+}
+
+// SetupOn is Setup on a database and a NATS server of the caller's.
+func SetupOn(t testing.TB, db *testenv.DB, nats *testenv.NATS) *Bundle {
+	t.Helper()
 	ctx := context.Background()
-	b := &Bundle{T: t, DB: testenv.Database(t), NATS: testenv.StartNATS(t)}
+	b := &Bundle{T: t, DB: db, NATS: nats}
 	var err error
 	b.NC, err = natsclient.Connect(b.NATS.URL, natsclient.MaxReconnects(-1), natsclient.ReconnectBufSize(-1))
 	require.NoError(t, err)

@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // newCluster starts a cluster of its own for t, stopped and removed when t
 // ends. Standbys made from it with newStandby live in the same folder.

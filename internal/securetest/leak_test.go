@@ -3,8 +3,11 @@ package securetest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,10 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/oidctest"
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/internal/testenv"
 )
@@ -50,6 +55,22 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	}
 	creds := startOperatorNATS(t)
 	nkeySeedFile, nkeyAddr := startNKeyNATS(t)
+	// Sign-in with JWTs: an issuer whose keys the API fetches (by
+	// discovery) and a backend's HS256 secret in a file.
+	issuer := oidctest.NewKeyServer(t)
+	issuerKey := issuer.NewPublishedKey(t, jose.RS256)
+	hs256Secret := "hs256:" + randomText(t) + randomText(t) + "@/%"
+	hs256File := filepath.Join(t.TempDir(), "hs256.secret")
+	require.NoError(t, os.WriteFile(hs256File, []byte(hs256Secret+"\n"), 0o600))
+	const audience, backend = "https://api.baton.test", "https://app.example/"
+	signIn := []string{"BATON_JWT_ISSUER=" + issuer.Issuer, "BATON_JWT_AUDIENCE=" + audience, "BATON_JWT_ALLOW_HTTP=true",
+		"BATON_JWT_HS256_SECRET_FILE=" + hs256File, "BATON_JWT_HS256_ISSUER=" + backend}
+	var jwts []string
+	for _, mode := range []string{"password", "creds", "nkey"} {
+		jwts = append(jwts,
+			issuerKey.Sign(t, oidctest.Claims(issuer.Issuer, "user-"+mode, audience, 10*time.Minute)),
+			oidctest.HS256(t, []byte(hs256Secret), oidctest.Claims(backend, "user-"+mode, audience, 10*time.Minute)))
+	}
 	step("PostgreSQL and the NATS servers run")
 	ps := newProcesses(t)
 	step("the binary is ready")
@@ -61,6 +82,13 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		{Name: "signature of the .creds file's JWT", Value: creds.jwt[strings.LastIndex(creds.jwt, ".")+1:]},
 		{Name: "seed of the .creds file", Value: creds.seed},
 		fileSecret(t, "nkey seed", nkeySeedFile),
+		{Name: "HS256 secret", Value: hs256Secret},
+		{Name: "modulus of the issuer's public key", Value: issuerKeyModulus(t, issuerKey)},
+	}
+	for i, tok := range jwts {
+		secrets = append(secrets,
+			secret{Name: fmt.Sprintf("JWT %d", i), Value: tok},
+			secret{Name: fmt.Sprintf("signature of JWT %d", i), Value: tok[strings.LastIndex(tok, ".")+1:]})
 	}
 	var (
 		tokensMu sync.Mutex
@@ -69,7 +97,7 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 
 	logs := []string{"BATON_LOG_FORMAT=json", "BATON_LOG_LEVEL=debug"}
 	t.Run("working", func(t *testing.T) {
-		for _, mode := range []struct {
+		for i, mode := range []struct {
 			name, db string
 			nats     []string
 		}{
@@ -77,6 +105,7 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 			{"creds file", "baton_creds", []string{"BATON_NATS_URL=nats://" + creds.addr, "BATON_NATS_CREDS=" + creds.file}},
 			{"nkey seed", "baton_nkey", []string{"BATON_NATS_URL=nats://" + nkeyAddr, "BATON_NATS_NKEY_SEED=" + nkeySeedFile}},
 		} {
+			providerJWT, backendJWT := jwts[2*i], jwts[2*i+1]
 			db := []string{"BATON_DATABASE_URL=" + dbURL(mode.db)}
 			// Slots belong to the PostgreSQL cluster, not to a database:
 			// each relay gets its own.
@@ -95,11 +124,14 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 
 				ps.start(t, name("relay"), env, "relay")
 				ps.start(t, name("worker"), env, "worker")
-				api := ps.start(t, name("api"), append(env, "BATON_HTTP_ADDR=127.0.0.1:0"), "api")
+				api := ps.start(t, name("api"), append(append(env, signIn...), "BATON_HTTP_ADDR=127.0.0.1:0", "BATON_CORS_ORIGINS=https://app.example"), "api")
 				var served struct{ Addr string }
 				require.NoError(t, json.Unmarshal([]byte(api.WaitLine(t, 30*time.Second, `"serving HTTP API"`)), &served))
 				newAPIClient(served.Addr, lines[len(lines)-1]).converse(t, "leak", "hello", 45*time.Second)
+				newAPIClient(served.Addr, providerJWT).converse(t, "leak", "hello", 45*time.Second)
+				newAPIClient(served.Addr, backendJWT).converse(t, "leak", "hello", 45*time.Second)
 
+				env := append(env, signIn...)
 				status, code := ps.run(t, name("status"), 30*time.Second, env, "status")
 				require.Zero(t, code, "baton status should find nothing that needs attention:\n%s", status.Tail(30))
 				status, code = ps.run(t, name("status --json"), 30*time.Second, env, "status", "--json")
@@ -131,6 +163,15 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		migrate, code := ps.run(t, "migrate", 30*time.Second, append([]string{db}, logs...), "migrate")
 		require.Zero(t, code, "baton migrate failed:\n%s", migrate.Tail(10))
 
+		shortSecret := "short:" + randomText(t)
+		secrets = append(secrets, secret{Name: "short HS256 secret", Value: shortSecret})
+		shortFile := filepath.Join(t.TempDir(), "short.secret")
+		require.NoError(t, os.WriteFile(shortFile, []byte(shortSecret), 0o600))
+		badSignIn := []string{"BATON_JWT_HS256_SECRET_FILE=" + shortFile, "BATON_JWT_HS256_ISSUER=" + backend, "BATON_JWT_AUDIENCE=" + audience}
+		down := oidctest.NewKeyServer(t)
+		down.Publish(issuerKey)
+		down.SetMode(oidctest.Down)
+		downSignIn := append([]string{"BATON_JWT_ISSUER=" + down.Issuer}, signIn[1:]...)
 		for _, run := range []struct {
 			name string
 			env  []string
@@ -150,9 +191,13 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 			{"worker, wrong database password", []string{badDB, goodNATS}, []string{"worker"}, 1, []string{"baton:", "password authentication failed"}},
 			{"relay, wrong database password", []string{badDB, goodNATS}, []string{"relay"}, 1, []string{"baton:", "password authentication failed"}},
 			{"status, wrong database password", []string{badDB, goodNATS}, []string{"status"}, 1, []string{"baton:", "password authentication failed"}},
-			{"worker, NATS not there", []string{db, noNATS}, []string{"worker"}, 1, []string{"baton:", "no servers available"}},
+			{"worker, NATS not there", []string{db, noNATS}, []string{"worker"}, -1, []string{"cannot connect to NATS; retrying", "no servers available"}},
 			{"status, NATS not there", []string{db, noNATS}, []string{"status", "--json"}, 3, []string{"NATS is not reachable"}},
 			{"relay, NATS not there", []string{db, noNATS, "BATON_SLOT=failing_no_nats"}, []string{"relay"}, -1, []string{"cannot connect to NATS; retrying", "connection refused"}},
+			{"api, HS256 secret too short", append([]string{db, goodNATS}, badSignIn...), []string{"api"}, 2, []string{"--jwt-hs256-secret-file", "must be at least 32 bytes"}},
+			{"status, HS256 secret too short", append([]string{db, goodNATS}, badSignIn...), []string{"status"}, 2, []string{"--jwt-hs256-secret-file", "must be at least 32 bytes"}},
+			{"api, the issuer's keys down", append([]string{db, goodNATS, "BATON_HTTP_ADDR=127.0.0.1:0"}, downSignIn...), []string{"api"}, -1, []string{"cannot fetch the JWT issuer's keys", "503 Service Unavailable"}},
+			{"status, the issuer's keys down", append([]string{db, goodNATS}, downSignIn...), []string{"status", "--json"}, 3, []string{"JWT sign-in: the keys of issuer"}},
 		} {
 			t.Run(run.name, func(t *testing.T) {
 				t.Parallel()
@@ -268,4 +313,13 @@ func startNKeyNATS(t *testing.T) (seedFile, addr string) {
 	require.NoError(t, os.WriteFile(seedFile, append(seed, '\n'), 0o600))
 	addr = startNATS(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
 	return seedFile, addr
+}
+
+// issuerKeyModulus is the RSA modulus of k's public key as its JWK writes
+// it: key material that no output should hold.
+func issuerKeyModulus(t *testing.T, k *oidctest.Key) string {
+	t.Helper()
+	pub, ok := k.JWK.Key.(*rsa.PublicKey)
+	require.True(t, ok)
+	return base64.RawURLEncoding.EncodeToString(pub.N.Bytes())
 }

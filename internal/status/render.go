@@ -132,6 +132,51 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\n")
 	}
 
+	if si := r.SignIn; si != nil {
+		p("SIGN-IN\tISSUER\tAUDIENCE\tKEYS\tUSER\n")
+		p("baton tokens\t-\t-\t-\t<name>\n")
+		if j := si.JWT; j != nil {
+			if j.Issuer != "" {
+				keys := fmt.Sprintf("%d from %s", j.Keys, j.JWKSURL)
+				if j.Error != "" {
+					keys = "none fetched (" + j.KeySource + ")"
+				} else if j.KeySource != j.JWKSURL {
+					keys += " (" + j.KeySource + ")"
+				}
+				p("JWT\t%s\t%s\t%s\t<iss>|<%s>\n", j.Issuer, j.Audience, keys, j.UserClaim)
+			}
+			if j.HS256Issuer != "" {
+				p("JWT HS256\t%s\t%s\tthe shared secret\t<iss>|<%s>\n", j.HS256Issuer, j.Audience, j.UserClaim)
+			}
+		}
+		p("\n")
+	}
+
+	if len(r.MCPServers) > 0 {
+		p("MCP SERVER\tTOOLS\tLISTED\tLAST ERROR\n")
+		for _, s := range r.MCPServers {
+			listed, failed := "-", "-"
+			if s.ListedAt != nil {
+				listed = ago(*s.ListedAt)
+			}
+			if s.ErrorAt != nil {
+				failed = ago(*s.ErrorAt) + ": " + s.Error
+			}
+			p("%s\t%d\t%s\t%s\n", s.Server, len(s.Tools), listed, failed)
+		}
+		p("\nMCP TOOL\tEFFECT\tSTATE\tLISTED\n")
+		for _, s := range r.MCPServers {
+			for _, t := range s.Tools {
+				state := "offered"
+				if t.Changed {
+					state = "changed: baton mcp accept " + s.Server + "__" + t.Tool
+				}
+				p("%s__%s\t%s\t%s\t%s\n", s.Server, t.Tool, t.Effect, state, ago(t.ListedAt))
+			}
+		}
+		p("\napprovals waiting\t%d\n\n", r.ApprovalsWaiting)
+	}
+
 	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
 	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {

@@ -79,6 +79,15 @@ type Report struct {
 	// Tables are the sizes and oldest rows of the tables that grow with
 	// use; retention (`baton prune`) keeps four of them in check.
 	Tables []schema.TableStat `json:"tables"`
+	// SignIn is which tokens the API accepts; nil when not asked.
+	SignIn *SignIn `json:"sign_in,omitempty"`
+	// MCPServers are the MCP servers the workers listed, with their tools,
+	// each tool's effect, whether its definition changed since it was
+	// accepted (then it is not offered), and when it was last listed.
+	MCPServers []schema.MCPServerRecord `json:"mcp_servers"`
+	// ApprovalsWaiting counts the calls that wait for their user's
+	// approval.
+	ApprovalsWaiting int `json:"approvals_waiting"`
 }
 
 // Database is the PostgreSQL server the report was read from: the
@@ -224,7 +233,7 @@ var ErrStandby = errors.New("the database server is a standby (in recovery)")
 // in recovery is ErrStandby: the slot and the outbox live on the primary.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
 	o = o.WithDefaults()
-	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}}
+	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}, MCPServers: []schema.MCPServerRecord{}}
 	if err := r.gatherDatabase(ctx, db); err != nil {
 		return nil, err
 	}
@@ -238,6 +247,9 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 		return nil, err
 	}
 	r.gatherTables(ctx, db)
+	if err := r.gatherMCP(ctx, db); err != nil {
+		return nil, err
+	}
 	if js == nil {
 		r.Errors["nats"] = "NATS is not reachable"
 		r.attention("NATS is not reachable: the relay cannot publish and workers get no triggers")
@@ -248,6 +260,25 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 		r.Errors = nil
 	}
 	return r, nil
+}
+
+// gatherMCP lists the MCP servers and tools the workers recorded, and the
+// approvals that wait. A tool whose definition changed needs an
+// operator: it is not offered until accepted.
+func (r *Report) gatherMCP(ctx context.Context, db schema.Executor) error {
+	servers, err := schema.ListMCPServers(ctx, db)
+	if err != nil {
+		return err
+	}
+	r.MCPServers = servers
+	for _, s := range servers {
+		for _, t := range s.Tools {
+			if t.Changed {
+				r.attention("MCP tool %s__%s changed its definition: it is not offered until `baton mcp accept %s__%s`", s.Server, t.Tool, s.Server, t.Tool)
+			}
+		}
+	}
+	return db.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE status = 'pending'`).Scan(&r.ApprovalsWaiting)
 }
 
 func (r *Report) attention(format string, args ...any) {
@@ -637,5 +668,47 @@ func (r *Report) gatherTables(ctx context.Context, db schema.Executor) {
 		r.Errors["tables"] = err.Error()
 	default:
 		r.Tables = stats
+	}
+}
+
+// SignIn is what the API accepts as a user's token, as the settings given
+// to status say (the same BATON_JWT_* variables as the API's). It never
+// holds a secret.
+type SignIn struct {
+	// BatonTokens is always true: tokens of `baton token create` work
+	// beside any JWT.
+	BatonTokens bool `json:"baton_tokens"`
+	// JWT is nil when no JWT is accepted.
+	JWT *JWTSignIn `json:"jwt,omitempty"`
+}
+
+// JWTSignIn is whose JWTs are accepted and where the keys come from.
+type JWTSignIn struct {
+	// Issuer is the OpenID Connect issuer; empty when only HS256 tokens
+	// are accepted.
+	Issuer   string `json:"issuer,omitempty"`
+	Audience string `json:"audience"`
+	// UserClaim names the user after the issuer.
+	UserClaim string `json:"user_claim"`
+	// KeySource is the JWKS URL given, or "discovery: <URL>".
+	KeySource string `json:"key_source,omitempty"`
+	// JWKSURL is where the keys were fetched from.
+	JWKSURL string `json:"jwks_url,omitempty"`
+	// Keys is how many signing keys were fetched.
+	Keys int `json:"keys"`
+	// Error is why the keys cannot be fetched; empty when they could.
+	Error string `json:"error,omitempty"`
+	// HS256Issuer is the iss of a backend's HS256 tokens; empty when
+	// HS256 is refused.
+	HS256Issuer string `json:"hs256_issuer,omitempty"`
+}
+
+// SetSignIn adds what the API accepts to the report; keys that cannot be
+// fetched need attention, since every token of the issuer is refused
+// until they can.
+func (r *Report) SetSignIn(s SignIn) {
+	r.SignIn = &s
+	if s.JWT != nil && s.JWT.Error != "" {
+		r.Attention = append(r.Attention, fmt.Sprintf("JWT sign-in: the keys of issuer %s cannot be fetched (%s): its tokens are refused until they can", s.JWT.Issuer, s.JWT.Error))
 	}
 }

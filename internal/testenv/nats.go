@@ -29,14 +29,49 @@ func StartNATS(t testing.TB) *NATS {
 	if u := os.Getenv("BATON_TEST_NATS_URL"); u != "" {
 		return &NATS{URL: u, t: t}
 	}
+	return StartNATSOn(t, "")
+}
+
+// StartNATSOn is StartNATS on the address host (127.0.0.1 when empty),
+// always embedded: for tests whose processes reach it from a network
+// namespace of their own.
+func StartNATSOn(t testing.TB, host string) *NATS {
+	t.Helper()
 	port, err := pgcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &NATS{t: t, opts: batonnats.EmbeddedOptions{StoreDir: t.TempDir(), Port: port}}
+	n := &NATS{t: t, opts: batonnats.EmbeddedOptions{Host: host, StoreDir: t.TempDir(), Port: port}}
 	n.Start()
 	t.Cleanup(n.Stop)
 	return n
+}
+
+// ExampleNATS is StartNATS for an Example function, which has no
+// testing.T: it returns the URL of an embedded server with JetStream (or
+// BATON_TEST_NATS_URL), stopped once the package's tests have run (Main).
+// A failure panics, which fails the example.
+func ExampleNATS() string {
+	if u := os.Getenv("BATON_TEST_NATS_URL"); u != "" {
+		return u
+	}
+	port, err := pgcluster.FreePort()
+	if err != nil {
+		panic("testenv: " + err.Error())
+	}
+	dir, err := os.MkdirTemp("", "baton-example-nats-")
+	if err != nil {
+		panic("testenv: " + err.Error())
+	}
+	s, err := batonnats.StartEmbedded(batonnats.EmbeddedOptions{StoreDir: dir, Port: port})
+	if err != nil {
+		panic(fmt.Sprintf("testenv: start NATS: %v", err))
+	}
+	AfterAll(func() {
+		s.Stop()
+		_ = os.RemoveAll(dir)
+	})
+	return s.ClientURL()
 }
 
 // Start (re)starts the embedded server on its port and store.

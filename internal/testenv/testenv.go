@@ -45,6 +45,13 @@ var (
 // os.Exit(testenv.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
+	afterMu.Lock()
+	fns := afterAll
+	afterAll = nil
+	afterMu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
 	removePlainBinary()
 	if cluster != nil {
 		_ = cluster.Stop(pgcluster.Fast)
@@ -69,6 +76,21 @@ func Main(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+var (
+	afterMu  sync.Mutex
+	afterAll []func()
+)
+
+// AfterAll registers fn to run once the package's tests have run, before
+// Main looks for leaked goroutines, last registered first: it stops what
+// a package started for all its tests (a server of its own, what an
+// Example used).
+func AfterAll(fn func()) {
+	afterMu.Lock()
+	defer afterMu.Unlock()
+	afterAll = append(afterAll, fn)
 }
 
 func startServer() error {
@@ -156,17 +178,38 @@ type DB struct {
 // replication slot in it) when t ends.
 func Database(t testing.TB) *DB {
 	t.Helper()
+	db, err := newDatabase()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(db.drop)
+	return db
+}
+
+// ExampleDatabase is Database for an Example function, which has no
+// testing.T: the database is dropped once the package's tests have run
+// (Main), and a failure panics, which fails the example.
+func ExampleDatabase() *DB {
+	db, err := newDatabase()
+	if err != nil {
+		panic("testenv: " + err.Error())
+	}
+	AfterAll(db.drop)
+	return db
+}
+
+func newDatabase() (*DB, error) {
 	ctx := context.Background()
 	if err := startServer(); err != nil {
-		t.Fatalf("testenv: start PostgreSQL: %v", err)
+		return nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	if err := prepareTemplate(ctx); err != nil {
-		t.Fatalf("testenv: prepare template database: %v", err)
+		return nil, fmt.Errorf("prepare template database: %w", err)
 	}
 	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbCounter.Add(1))
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		t.Fatalf("testenv: connect: %v", err)
+		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(ctx)
 	for i := 0; ; i++ {
@@ -177,18 +220,20 @@ func Database(t testing.TB) *DB {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("testenv: create database %s: %v", name, err)
+		return nil, fmt.Errorf("create database %s: %w", name, err)
 	}
 	dbURL := urlFor(adminURL, name)
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		t.Fatalf("testenv: open pool: %v", err)
+		return nil, fmt.Errorf("open pool: %w", err)
 	}
-	t.Cleanup(func() {
-		pool.Close()
-		DropDatabase(adminURL, name)
-	})
-	return &DB{Name: name, URL: dbURL, Pool: pool}
+	return &DB{Name: name, URL: dbURL, Pool: pool}, nil
+}
+
+// drop closes the pool and drops the database.
+func (db *DB) drop() {
+	db.Pool.Close()
+	DropDatabase(adminURL, db.Name)
 }
 
 // DropDatabase drops db with its replication slots, ignoring errors: it is

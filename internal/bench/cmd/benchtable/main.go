@@ -1,7 +1,7 @@
 // Command benchtable prints the figures a `make bench` run recorded (the
 // file named by BATON_BENCH_REPORT) as one table: each figure, its value,
 // the reference measured in the same run, their ratio, the aim and whether
-// it was met. With -markdown it prints the table as the README shows it.
+// it was met. With -markdown it prints the table as docs/internals/measured.md shows it.
 package main
 
 import (

@@ -1,0 +1,103 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
+)
+
+// maxApprovalsListed is how many approvals one listing returns, newest
+// first.
+const maxApprovalsListed = 100
+
+// listApprovals serves a conversation's approvals, newest first: the
+// calls its turns stopped at, with their arguments and status.
+func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	as, err := schema.ListApprovals(r.Context(), s.pool, userFrom(r.Context()).ID, cid, maxApprovalsListed)
+	if s.failed(w, r, cid, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"approvals": as})
+}
+
+// approvalDecision is the body of POST .../approvals/{id}.
+type approvalDecision struct {
+	Approved *bool `json:"approved"`
+	// ArgumentsSHA256, when given, is the arguments_sha256 the client
+	// showed: the decision holds only for those arguments.
+	ArgumentsSHA256 string `json:"arguments_sha256"`
+}
+
+// decideApproval records the user's answer and resumes the turn: any
+// worker claims it from the announcement committed with the decision.
+func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
+		s.approvalNotFound(w, id)
+		return
+	}
+	var d approvalDecision
+	if !decodeJSON(w, r, 4<<10, false, &d) {
+		return
+	}
+	if d.Approved == nil {
+		writeError(w, http.StatusBadRequest, "bad_json", `field "approved" is required: send {"approved": true} or {"approved": false}`)
+		return
+	}
+	user := userFrom(r.Context())
+	var a schema.Approval
+	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		var err error
+		a, err = schema.DecideApprovalTx(r.Context(), tx, user.ID, cid, id, schema.Decision{
+			Approved: *d.Approved, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID,
+		})
+		return err
+	})
+	switch {
+	case errors.Is(err, schema.ErrNotFound) && a.ID == "":
+		// The conversation is someone else's or missing (then like any
+		// route), or the approval is not the conversation's.
+		var check error
+		if _, check = schema.GetConversation(r.Context(), s.pool, user.ID, cid); check != nil {
+			s.failed(w, r, cid, check)
+			return
+		}
+		s.approvalNotFound(w, id)
+		return
+	case errors.Is(err, schema.ErrApprovalDecided):
+		writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
+		return
+	case errors.Is(err, schema.ErrArgumentsChanged):
+		writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the approvals and decide on what they show")
+		return
+	case s.failed(w, r, cid, err):
+		return
+	}
+	s.publishEvent(r.Context(), batonnats.ConversationEvent{
+		Type: batonnats.EventApprovalDecided, ConversationID: a.ConversationKey, RunID: a.RunID, TurnID: a.TurnID,
+		OutboxIDs: a.OutboxIDs, ApprovalID: a.ID, Tool: a.Tool, Decision: a.Status,
+	}, "approval-"+a.ID)
+	if a.Status == schema.ApprovalExpired {
+		writeError(w, http.StatusConflict, "approval_expired", "the approval "+strconv.Quote(id)+" waited past its time and the call was denied")
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Server) approvalNotFound(w http.ResponseWriter, id string) {
+	writeError(w, http.StatusNotFound, "not_found", "no approval "+strconv.Quote(id)+" in this conversation")
+}
