@@ -239,6 +239,9 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 	r := j.resume
 	j.resume = nil
 	if r.Status != schema.ApprovalApproved {
+		if j.live != nil {
+			j.live.toolDenied(call.ID, call.Tool, call.Arguments)
+		}
 		return "", &DeniedError{Tool: call.Tool, Status: r.Status}
 	}
 	done, err := j.startWrite(ctx)
@@ -258,6 +261,7 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
 			return "", err
 		}
+		j.showNotSent(call)
 		return "", &NotSentError{Tool: call.Tool, Why: "the tool changed after it was approved; ask the user again if it is still needed"}
 	}
 	inv := Invocation{
@@ -276,12 +280,22 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
 			return "", err
 		}
+		j.showNotSent(call)
 		return "", &NotSentError{Tool: call.Tool, Why: "its arguments are not the ones that were approved"}
 	}
 	if err != nil {
 		return "", fmt.Errorf("journal approved operation %s (%s): %w", call.ID, call.Tool, err)
 	}
 	return j.run(ctx, call, tool, inv)
+}
+
+// showNotSent shows live clients an approved call that could not be sent
+// as it was approved: it failed.
+func (j *journal) showNotSent(call ToolCall) {
+	if j.live != nil {
+		j.live.toolInput(call.ID, call.Tool, call.Arguments)
+		j.live.toolOutput(call.ID, "", true)
+	}
 }
 
 // parkRequest is the approval request of the call that waits, for park.

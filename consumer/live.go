@@ -89,6 +89,13 @@ func (l *liveRun) toolOutput(callID, result string, failed bool) {
 	l.publish(batonnats.LiveDelta{Type: batonnats.DeltaToolOutput, ToolCallID: callID, Text: result})
 }
 
+// toolDenied shows a call that a person denied, or whose approval
+// expired: it was never sent.
+func (l *liveRun) toolDenied(callID, tool string, input json.RawMessage) {
+	l.toolInput(callID, tool, input)
+	l.publish(batonnats.LiveDelta{Type: batonnats.DeltaToolDenied, ToolCallID: callID})
+}
+
 func (l *liveRun) publish(d batonnats.LiveDelta) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

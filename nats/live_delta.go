@@ -56,6 +56,9 @@ const (
 	// DeltaToolError says the call ToolCallID failed. Its cause, which
 	// may name servers, is in the journal only.
 	DeltaToolError DeltaType = "tool_error"
+	// DeltaToolDenied says the call ToolCallID was never sent: the person
+	// asked to approve it denied it, or its approval expired.
+	DeltaToolDenied DeltaType = "tool_denied"
 )
 
 // LiveDelta is the body of a live message, one step of the reply a run is
@@ -67,8 +70,8 @@ type LiveDelta struct {
 	Seq   int64     `json:"seq"`
 	Type  DeltaType `json:"type"`
 	Text  string    `json:"text,omitempty"`
-	// ToolCallID names the tool call of a tool_input, tool_output or
-	// tool_error; Tool and Input are a tool_input's.
+	// ToolCallID names the tool call of a tool_input, tool_output,
+	// tool_error or tool_denied; Tool and Input are a tool_input's.
 	ToolCallID string          `json:"tool_call_id,omitempty"`
 	Tool       string          `json:"tool,omitempty"`
 	Input      json.RawMessage `json:"input,omitempty"`
@@ -82,12 +85,12 @@ func ParseLiveDelta(data []byte) (LiveDelta, error) {
 	}
 	switch e.Type {
 	case DeltaText, DeltaReset, DeltaDone:
-	case DeltaToolInput, DeltaToolOutput, DeltaToolError:
+	case DeltaToolInput, DeltaToolOutput, DeltaToolError, DeltaToolDenied:
 		if e.ToolCallID == "" || e.Type == DeltaToolInput && (e.Tool == "" || len(e.Input) == 0) {
 			return LiveDelta{}, fmt.Errorf("nats: live delta %s lacks tool_call_id, tool or input: %s", e.Type, data)
 		}
 	default:
-		return LiveDelta{}, fmt.Errorf("nats: live delta has unknown type %q: want delta, reset, done, tool_input, tool_output or tool_error", e.Type)
+		return LiveDelta{}, fmt.Errorf("nats: live delta has unknown type %q: want delta, reset, done, tool_input, tool_output, tool_error or tool_denied", e.Type)
 	}
 	if e.RunID == "" || e.Seq < 1 {
 		return LiveDelta{}, fmt.Errorf("nats: live delta lacks run_id or a positive seq: %s", data)
@@ -132,6 +135,7 @@ const (
 	ToolInputAvailable  = "input-available"
 	ToolOutputAvailable = "output-available"
 	ToolOutputError     = "output-error"
+	ToolOutputDenied    = "output-denied"
 )
 
 // LivePart is a piece of a LiveReply: text, or a tool call.
@@ -181,12 +185,16 @@ func (r *LiveReply) Apply(d LiveDelta) {
 	case DeltaToolInput:
 		r.tail = nil
 		r.Parts = append(r.Parts, LivePart{Type: PartTool, ToolCallID: d.ToolCallID, Tool: d.Tool, Input: d.Input, State: ToolInputAvailable})
-	case DeltaToolOutput, DeltaToolError:
+	case DeltaToolOutput, DeltaToolError, DeltaToolDenied:
 		for i := len(r.Parts) - 1; i >= 0; i-- {
 			if p := &r.Parts[i]; p.Type == PartTool && p.ToolCallID == d.ToolCallID {
-				p.State, p.Output = ToolOutputAvailable, d.Text
-				if d.Type == DeltaToolError {
+				switch d.Type {
+				case DeltaToolOutput:
+					p.State, p.Output = ToolOutputAvailable, d.Text
+				case DeltaToolError:
 					p.State, p.Output = ToolOutputError, ""
+				default:
+					p.State, p.Output = ToolOutputDenied, ""
 				}
 				break
 			}

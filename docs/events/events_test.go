@@ -410,6 +410,8 @@ func TestLiveDeltasAsPublishedMatchTheSchema(t *testing.T) {
 				{Type: batonnats.DeltaToolOutput, ToolCallID: "call_1"},
 				{Type: batonnats.DeltaToolInput, ToolCallID: "call_2", Tool: "notify", Input: json.RawMessage(`{}`)},
 				{Type: batonnats.DeltaToolError, ToolCallID: "call_2"},
+				{Type: batonnats.DeltaToolInput, ToolCallID: "call_3", Tool: "mail__send", Input: json.RawMessage(`{"to":"bob"}`)},
+				{Type: batonnats.DeltaToolDenied, ToolCallID: "call_3"},
 				{Type: batonnats.DeltaDone},
 			} {
 				d.RunID, d.Seq = run, int64(i+1)
