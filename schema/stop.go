@@ -26,10 +26,11 @@ type Stop struct {
 	// settled (done, stopped_at set): no turn answers them.
 	SettledIDs []int64
 	// Approval, when set, is the approval the stopped turn waited for
-	// (no run held the conversation): it is denied, and its call never
-	// sent. It was pending (Approval.Status is now denied) or decided
-	// and not yet resumed (its status stays; its call is not sent).
+	// (no run held the conversation): its call is never sent. It was
+	// pending, and the stop denied it (Denied), or decided and not yet
+	// resumed (its status stays).
 	Approval *Approval
+	Denied   bool
 }
 
 // StopTx stops ownerID's conversation in the caller's transaction: the run
@@ -69,11 +70,11 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 		// The turn waits for an approval, or to resume from one: nothing
 		// of it may run later. A run that holds the conversation was
 		// asked to stop above, and settles its own call.
-		a, err := settleApprovalTx(ctx, tx, *approvalID, ownerID)
+		a, denied, err := settleApprovalTx(ctx, tx, *approvalID, ownerID)
 		if err != nil {
 			return Stop{}, err
 		}
-		s.Approval = a
+		s.Approval, s.Denied = a, denied
 	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox SET status = 'done', processed_at = now(), stopped_at = now()
@@ -99,30 +100,31 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 // turn has not resumed yet keeps its status, and its call is not sent
 // either: the stop settles the turn's rows, and the claim that would have
 // resumed it finds them done and forgets the approval. It returns the
-// approval, or nil when the conversation names none that exists.
-func settleApprovalTx(ctx context.Context, tx Executor, approvalID, ownerID int64) (*Approval, error) {
+// approval, or nil when the conversation names none that exists, and
+// whether the stop denied it.
+func settleApprovalTx(ctx context.Context, tx Executor, approvalID, ownerID int64) (*Approval, bool, error) {
 	var operationID int64
 	a, err := scanApprovalWith(tx.QueryRow(ctx, `
 		SELECT a.operation_id, `+approvalColumns+` FROM approvals a WHERE a.id = $1 FOR UPDATE OF a`, approvalID), &operationID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stop: read the approval: %w", err)
+		return nil, false, fmt.Errorf("stop: read the approval: %w", err)
 	}
-	if a.Status == ApprovalPending || a.Status == ApprovalExpired {
-		// An approval past its time that no claim expired yet is denied
-		// here as well: the stop decides it first.
-		if err := tx.QueryRow(ctx, `
-			UPDATE approvals SET status = 'denied', decided_at = now(), decided_by = $2 WHERE id = $1 AND status = 'pending'
-			RETURNING status, decided_at`, approvalID, ownerID).Scan(&a.Status, &a.DecidedAt); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("stop: deny the approval: %w", err)
-		}
+	// An approval past its time that no claim expired yet is denied here
+	// as well: the stop decides it first.
+	err = tx.QueryRow(ctx, `
+		UPDATE approvals SET status = 'denied', decided_at = now(), decided_by = $2 WHERE id = $1 AND status = 'pending'
+		RETURNING status, decided_at`, approvalID, ownerID).Scan(&a.Status, &a.DecidedAt)
+	denied := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, fmt.Errorf("stop: deny the approval: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `
 		UPDATE operations SET status = 'denied', error = 'not sent: the turn was stopped', finished_at = now()
 		WHERE id = $1 AND status = 'awaiting_approval'`, operationID); err != nil {
-		return nil, fmt.Errorf("stop: record the call not sent: %w", err)
+		return nil, false, fmt.Errorf("stop: record the call not sent: %w", err)
 	}
-	return &a, nil
+	return &a, denied, nil
 }

@@ -300,6 +300,7 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	require.NotNil(t, s.Approval, "the stop names the approval it settled")
 	require.Equal(t, req.ApprovalID, s.Approval.ID)
 	require.Equal(t, schema.ApprovalDenied, s.Approval.Status)
+	require.True(t, s.Denied, "the stop denied it")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied' AND decided_by = $2`, req.ApprovalID, b.owner),
 		"the approval is denied, by the user who stopped")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND error = 'not sent: the turn was stopped'`, req.OperationID),
@@ -329,6 +330,7 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	require.NoError(t, b.decide(t, "d", req.ApprovalID, true), "approved, and stopped before any worker resumed it")
 	s = b.stop(t, "d")
 	require.Equal(t, schema.ApprovalApproved, s.Approval.Status, "a decided approval keeps its decision")
+	require.False(t, s.Denied)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied'`, req.OperationID), "its call is never sent")
 	b.send(t, "d", "d-m2", "two")
 	c3, in, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("d"), RunID: "run-d2", Worker: "w", Lease: time.Minute, MaxAttempts: 3}, 10)
