@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,10 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Trigger != triggerSubmit && req.Trigger != triggerRegenerate {
 		writeError(w, http.StatusBadRequest, "bad_trigger", fmt.Sprintf(`"trigger" is %q: send %q or %q`, req.Trigger, triggerSubmit, triggerRegenerate))
+		return
+	}
+	if req.Last != nil && req.Last.Role == "assistant" && req.Trigger == triggerSubmit {
+		s.answerApprovals(w, r, req)
 		return
 	}
 	messageID, content, err := req.newMessage(s.cfg.MaxContentBytes)
@@ -94,7 +99,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, key, row, l, existed)
+	s.streamReply(w, r, key, row, l, existed, nil)
 }
 
 // chatKey returns the key of the user's chat, creating it on first use
@@ -182,6 +187,105 @@ func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID,
 	return out.OutboxIDs[0], nil
 }
 
+// answerApprovals takes useChat's answers to approvals: addToolApprovalResponse
+// marks the reply's tool part "approval-responded", and the next request
+// carries that reply as its last message. Each answer is recorded as POST
+// /v1/conversations/{cid}/approvals/{id} records it, all in one
+// transaction (one refused, none is), and the answer to the request is
+// the rest of the same reply, from the turn the decision resumes. The
+// same answer again (a request sent twice) follows that turn.
+func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req chatRequest) {
+	responses, shown, err := req.approvalResponses()
+	if err != nil {
+		s.refuseChatBody(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	user := userFrom(ctx)
+	c, err := schema.GetConversation(ctx, s.pool, user.ID, req.ChatID)
+	if errors.Is(err, schema.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(req.ChatID)+" for this user")
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if !s.chatsLive(w) {
+		return
+	}
+	release, err := s.acquireStream(user.ID)
+	if err != nil {
+		s.refuse(w, r, err)
+		return
+	}
+	defer release()
+	l, _ := s.hub.listen(c.Key)
+	defer s.hub.forget(c.Key, l)
+	var decided []schema.Approval
+	var refused func()
+	var row int64
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		decided, row = decided[:0], 0
+		for _, resp := range responses {
+			id := resp.ApprovalID
+			if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
+				refused = func() { s.approvalNotFound(w, id) }
+				return errRefused
+			}
+			a, err := schema.DecideApprovalTx(ctx, tx, user.ID, req.ChatID, id, schema.Decision{Approved: resp.Approved, UserID: user.ID})
+			want := schema.ApprovalDenied
+			if resp.Approved {
+				want = schema.ApprovalApproved
+			}
+			switch {
+			case errors.Is(err, schema.ErrNotFound):
+				refused = func() { s.approvalNotFound(w, id) }
+				return errRefused
+			case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
+				refused = func() {
+					writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
+				}
+				return errRefused
+			case errors.Is(err, schema.ErrApprovalDecided):
+				// Decided so already: the same answer again.
+			case errors.Is(err, schema.ErrArgumentsChanged):
+				refused = func() {
+					writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the chat")
+				}
+				return errRefused
+			case err != nil:
+				return err
+			default:
+				decided = append(decided, a)
+			}
+			if len(a.OutboxIDs) == 0 {
+				return fmt.Errorf("approval %s has no rows", id)
+			}
+			if first := slices.Min(a.OutboxIDs); row == 0 || first < row {
+				row = first
+			}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errRefused):
+		refused()
+		return
+	case err != nil:
+		s.internalError(w, r, err)
+		return
+	}
+	for _, a := range decided {
+		s.publishApprovalDecided(ctx, a)
+	}
+	s.streamReply(w, r, c.Key, row, l, true, shown)
+}
+
+// errRefused ends a transaction whose request is refused with an answer
+// of its own.
+var errRefused = errors.New("refused")
+
 // chatTitle is a new chat's title: the start of its first message.
 func chatTitle(content string) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(content), "\n")
@@ -211,10 +315,11 @@ func (s *Server) chatsLive(w http.ResponseWriter) bool {
 // the outbox row of the conversation with the given key, from what l (a
 // listener registered on the conversation before the row could change)
 // hands it; with check, it reads the row's state first, for what came
-// before l.
-func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64, l *listener, check bool) {
+// before l. shown are the parts of the reply that the client has already.
+func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64, l *listener, check bool, shown []batonnats.LivePart) {
 	sw := streamResponse(w, s.cfg.WriteTimeout)
 	out := newUIStream(sw)
+	out.seed(shown)
 	out.begin()
 	f := &chatFollower{s: s, key: key, row: row, l: l, out: out}
 	f.follow(r.Context(), check)
@@ -306,7 +411,7 @@ func (s *Server) resumeChat(w http.ResponseWriter, r *http.Request) {
 	}
 	l, _ := s.hub.listen(c.Key)
 	defer s.hub.forget(c.Key, l)
-	s.streamReply(w, r, c.Key, row, l, true)
+	s.streamReply(w, r, c.Key, row, l, true, nil)
 }
 
 // stopConversation stops a conversation's turn: the stop commits, then the
@@ -334,8 +439,13 @@ func (s *Server) stopConversation(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
 		}
 	}
+	if st.Denied {
+		s.publishApprovalDecided(r.Context(), *st.Approval)
+	}
 	if len(st.SettledIDs) > 0 {
 		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventStopped, ConversationID: st.ConversationKey, OutboxIDs: st.SettledIDs}, "")
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"stopped": st.RunID != "", "settled": len(st.SettledIDs)})
+	// A turn that waited for an approval is stopped too: its approval is
+	// denied and its messages settled.
+	writeJSON(w, http.StatusOK, map[string]any{"stopped": st.RunID != "" || st.Approval != nil, "settled": len(st.SettledIDs)})
 }

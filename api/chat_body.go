@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	batonnats "github.com/batonhq/baton/nats"
 )
 
 // Limits of a chat request's body. useChat sends the chat's whole history
@@ -34,12 +36,30 @@ type chatRequest struct {
 
 // uiMessageIn is a message of the list as far as Baton reads it.
 type uiMessageIn struct {
-	ID    string `json:"id"`
-	Role  string `json:"role"`
-	Parts []struct {
-		Type string  `json:"type"`
-		Text *string `json:"text"`
-	} `json:"parts"`
+	ID    string     `json:"id"`
+	Role  string     `json:"role"`
+	Parts []uiPartIn `json:"parts"`
+}
+
+// uiPartIn is a part of a message as far as Baton reads it: text, or a
+// tool call with its state and, once the user answered it, its approval.
+type uiPartIn struct {
+	Type       string          `json:"type"`
+	Text       *string         `json:"text"`
+	ToolCallID string          `json:"toolCallId"`
+	ToolName   string          `json:"toolName"`
+	State      string          `json:"state"`
+	Input      json.RawMessage `json:"input"`
+	Output     json.RawMessage `json:"output"`
+	Approval   *struct {
+		ID       string `json:"id"`
+		Approved *bool  `json:"approved"`
+	} `json:"approval"`
+}
+
+// isTool reports whether p is a tool call: "dynamic-tool" or "tool-<name>".
+func (p uiPartIn) isTool() bool {
+	return p.Type == "dynamic-tool" || strings.HasPrefix(p.Type, "tool-")
 }
 
 // Triggers of useChat's requests.
@@ -217,4 +237,60 @@ func (req chatRequest) newMessage(maxContent int) (id, content string, err error
 			message: fmt.Sprintf("the new message is %d bytes; the limit is %d bytes", len(content), maxContent)}
 	}
 	return m.ID, content, nil
+}
+
+// approvalResponse is the user's answer to an approval, as useChat sends
+// it: addToolApprovalResponse marks the tool part of the reply
+// "approval-responded" with the approval's id and the answer, and the next
+// request carries that reply as its last message.
+type approvalResponse struct {
+	ApprovalID string
+	Approved   bool
+}
+
+// approvalResponses returns the answers to approvals that the request's
+// last message, the assistant's reply, carries, and the reply's parts as
+// the client shows them (text and tool calls, in order), which the
+// stream that continues the reply does not send again.
+func (req chatRequest) approvalResponses() ([]approvalResponse, []batonnats.LivePart, error) {
+	m := req.Last
+	var out []approvalResponse
+	var shown []batonnats.LivePart
+	for _, p := range m.Parts {
+		switch {
+		case p.Type == "text" && p.Text != nil:
+			if n := len(shown); n > 0 && shown[n-1].Type == batonnats.PartText {
+				shown[n-1].Text += *p.Text
+			} else if *p.Text != "" {
+				shown = append(shown, batonnats.LivePart{Type: batonnats.PartText, Text: *p.Text})
+			}
+		case p.isTool() && p.ToolCallID != "":
+			tool := batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: p.ToolCallID, Tool: p.ToolName, Input: p.Input,
+				State: batonnats.ToolInputAvailable}
+			switch p.State {
+			case "output-available":
+				tool.State = batonnats.ToolOutputAvailable
+				var text string
+				if json.Unmarshal(p.Output, &text) == nil {
+					tool.Output = text
+				}
+			case "output-error":
+				tool.State = batonnats.ToolOutputError
+			case "output-denied":
+				tool.State = batonnats.ToolOutputDenied
+			}
+			shown = append(shown, tool)
+		}
+		if p.State != "approval-responded" {
+			continue
+		}
+		if p.Approval == nil || p.Approval.ID == "" || p.Approval.Approved == nil {
+			return nil, nil, badChat(`a tool part in state "approval-responded" needs "approval": {"id", "approved"}, as addToolApprovalResponse sets it`)
+		}
+		out = append(out, approvalResponse{ApprovalID: p.Approval.ID, Approved: *p.Approval.Approved})
+	}
+	if len(out) == 0 {
+		return nil, nil, badChat("the last message is the assistant's and answers no approval: send the user's new message last, or answer an approval with addToolApprovalResponse")
+	}
+	return out, shown, nil
 }

@@ -15,7 +15,7 @@ import (
 // is one JSON chunk each, and "[DONE]" at the end. Every chunk Baton sends
 // is built in this file, with only the fields that the strict chunk
 // schemas of the AI SDK's clients (ai 6 and 7) accept. A new kind of chunk
-// (a tool approval, say) is one more method of uiStream.
+// is one more method of uiStream.
 
 // uiStreamHeader marks a response as a UI message stream.
 const uiStreamHeader = "x-vercel-ai-ui-message-stream"
@@ -24,6 +24,7 @@ const uiStreamHeader = "x-vercel-ai-ui-message-stream"
 const (
 	toolFailedText   = "The tool call failed."
 	toolUnendedText  = "The tool call did not finish."
+	toolDeniedText   = "The tool call was not made."
 	chatDeletedText  = "The chat was deleted."
 	chatVanishedText = "The turn that answers this message is no longer known."
 )
@@ -34,6 +35,7 @@ type uiChunk struct {
 	ID              string          `json:"id,omitempty"`
 	MessageID       string          `json:"messageId,omitempty"`
 	Delta           string          `json:"delta,omitempty"`
+	ApprovalID      string          `json:"approvalId,omitempty"`
 	ToolCallID      string          `json:"toolCallId,omitempty"`
 	ToolName        string          `json:"toolName,omitempty"`
 	Input           json.RawMessage `json:"input,omitempty"`
@@ -81,12 +83,26 @@ type uiStream struct {
 	// numbers the text parts.
 	openText string
 	texts    int
-	done     bool
-	err      error
+	// tools are the tool calls the client has, in any step.
+	tools map[string]bool
+	done  bool
+	err   error
 }
 
 func newUIStream(w http.ResponseWriter) *uiStream {
-	return &uiStream{w: w, rc: http.NewResponseController(w)}
+	return &uiStream{w: w, rc: http.NewResponseController(w), tools: map[string]bool{}}
+}
+
+// seed takes parts as sent: the client has them already (the reply it
+// continues, in a request that answers an approval), so that the run's
+// showing them again sends nothing.
+func (u *uiStream) seed(parts []batonnats.LivePart) {
+	u.sent = parts
+	for _, p := range parts {
+		if p.Type == batonnats.PartTool {
+			u.tools[p.ToolCallID] = true
+		}
+	}
 }
 
 // begin answers 200 with the stream's headers.
@@ -147,7 +163,9 @@ func (u *uiStream) closeText() {
 // parts: new text as deltas, new tool calls and their outcomes. Text
 // never shrinks on the client: when the run's text no longer begins with
 // what was sent (an attempt started over), the current step is given up
-// and the rest of the reply follows in a new step.
+// and the rest of the reply follows in a new step. A run that shows less
+// than was sent, but nothing else, sends nothing until it shows more: it
+// may show the same again (a resumed turn shows its text so far first).
 func (u *uiStream) sync(parts []batonnats.LivePart) {
 	if !u.started {
 		return
@@ -172,6 +190,10 @@ func (u *uiStream) sync(parts []batonnats.LivePart) {
 				s.Text = t.Text
 				continue
 			}
+			if i == len(target)-1 && strings.HasPrefix(s.Text, t.Text) {
+				// The run shows the start of what was sent, for now.
+				continue
+			}
 			break
 		}
 		if s.ToolCallID != t.ToolCallID {
@@ -185,7 +207,8 @@ func (u *uiStream) sync(parts []batonnats.LivePart) {
 			s.State, s.Output = t.State, t.Output
 		}
 	}
-	if i < len(u.sent) {
+	if i < len(u.sent) && i < len(target) {
+		// A part differs from what was sent.
 		u.newStep(u.offset + i)
 		target = parts[u.offset:]
 		i = 0
@@ -224,6 +247,7 @@ func (u *uiStream) part(p batonnats.LivePart) {
 			input = json.RawMessage(`{}`)
 		}
 		u.write(uiChunk{Type: "tool-input-available", ToolCallID: p.ToolCallID, ToolName: p.Tool, Input: input, Dynamic: true})
+		u.tools[p.ToolCallID] = true
 		if p.State != batonnats.ToolInputAvailable {
 			u.toolOutcome(p)
 		}
@@ -240,7 +264,27 @@ func (u *uiStream) toolOutcome(p batonnats.LivePart) {
 		u.write(uiChunk{Type: "tool-output-available", ToolCallID: p.ToolCallID, Output: &out, Dynamic: true})
 	case batonnats.ToolOutputError:
 		u.write(uiChunk{Type: "tool-output-error", ToolCallID: p.ToolCallID, ErrorText: toolFailedText, Dynamic: true})
+	case batonnats.ToolOutputDenied:
+		u.write(uiChunk{Type: "tool-output-denied", ToolCallID: p.ToolCallID})
 	}
+}
+
+// awaitApproval ends the stream of a turn that waits for its user to
+// approve or deny a call: the call, unless the client has it, then the
+// request for approval (which useChat shows, and answers with
+// addToolApprovalResponse in its next request), and the reply's end for
+// now. The turn holds nothing meanwhile; the request that answers the
+// approval streams the rest of the same reply.
+func (u *uiStream) awaitApproval(a *schema.ChatApproval) {
+	u.start(a.ReplyID)
+	u.closeText()
+	if !u.tools[a.ToolCallID] {
+		u.part(batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: a.ToolCallID, Tool: a.Tool, Input: a.Arguments, State: batonnats.ToolInputAvailable})
+	}
+	u.write(uiChunk{Type: "tool-approval-request", ApprovalID: a.ID, ToolCallID: a.ToolCallID})
+	u.write(uiChunk{Type: "finish-step"})
+	u.write(uiChunk{Type: "finish", FinishReason: "tool-calls"})
+	u.end()
 }
 
 // sentText is the text of the current step, as sent.
@@ -318,8 +362,11 @@ func committedParts(m schema.ChatMessage) []batonnats.LivePart {
 	var out []batonnats.LivePart
 	for _, t := range m.Tools {
 		p := batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: t.CallID, Tool: t.Tool, Input: t.Input, State: batonnats.ToolOutputError}
-		if t.Status == "completed" {
+		switch t.Status {
+		case "completed":
 			p.State, p.Output = batonnats.ToolOutputAvailable, t.Output
+		case "denied":
+			p.State = batonnats.ToolOutputDenied
 		}
 		out = append(out, p)
 	}

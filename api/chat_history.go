@@ -30,6 +30,14 @@ type uiPart struct {
 	Input      json.RawMessage `json:"input,omitempty"`
 	Output     *string         `json:"output,omitempty"`
 	ErrorText  string          `json:"errorText,omitempty"`
+	Approval   *uiApproval     `json:"approval,omitempty"`
+}
+
+// uiApproval is a tool part's approval: the call waited for the user, who
+// decided.
+type uiApproval struct {
+	ID       string `json:"id"`
+	Approved bool   `json:"approved"`
 }
 
 // toUIMessage is m as a UIMessage. A reply's parts are a step, its tool
@@ -55,6 +63,12 @@ func toUIMessage(m schema.ChatMessage) uiMessage {
 			p.State, p.Output = "output-available", &out
 		case "failed":
 			p.State, p.ErrorText = "output-error", toolFailedText
+		case "denied":
+			// Never sent: denied, expired, or stopped before it was.
+			p.State, p.ErrorText = "output-error", toolDeniedText
+			if t.ApprovalID != "" {
+				p.State, p.ErrorText, p.Approval = "output-denied", "", &uiApproval{ID: t.ApprovalID}
+			}
 		default:
 			p.State, p.ErrorText = "output-error", toolUnendedText
 		}

@@ -138,6 +138,12 @@ func (f *chatFollower) event(ctx context.Context, e hubEvent) {
 			// Retried or handed back: the next run starts over.
 			f.run, f.synced = "", false
 		}
+	case batonnats.EventWaitingForApproval:
+		if ours {
+			// The turn stopped at a call for its user: the database
+			// says which.
+			f.check(ctx)
+		}
 	case batonnats.EventReplied, batonnats.EventFailed:
 		if ours {
 			f.finish(ctx, ev.MessageID)
@@ -266,6 +272,16 @@ func (f *chatFollower) check(ctx context.Context) {
 		f.begin(ctx, t.RunID, t.RunReplyID, true)
 	case t.Status == "pending":
 		f.run, f.synced = "", false
+		a, err := schema.WaitingApproval(ctx, f.s.pool, f.key, f.row)
+		if err != nil {
+			if ctx.Err() == nil {
+				f.s.log.Warn().Err(err).Msg("read the approval a chat stream's turn waits for")
+			}
+			return
+		}
+		if a != nil {
+			f.out.awaitApproval(a)
+		}
 	case t.Settled:
 		f.out.settle()
 	case t.ReplyID != "":

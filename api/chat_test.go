@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -35,6 +36,8 @@ type chatStack struct {
 	other *httptest.Server // the second API
 	nc    *natsclient.Conn
 	model *agenttest.Server
+	// mail is an MCP server whose calls wait for approval.
+	mail *agenttest.MCPServer
 }
 
 // chatModel answers by the newest user message: "slow N" streams N words
@@ -54,6 +57,16 @@ func chatModel(n int, req agenttest.Request) agenttest.Response {
 		return agenttest.Response{Content: "It is now."}
 	case strings.HasPrefix(last, "fail"):
 		return agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"invalid api key"}}`}
+	case strings.HasPrefix(last, "mail"):
+		// mail__send waits for approval (the stack's --mcp-approve).
+		results := req.ToolMessages()
+		if len(results) == 0 {
+			return agenttest.Response{Content: "Checking.", ToolCalls: []agenttest.ToolCall{{ID: "call_mail", Name: "mail__send", Arguments: `{"to":"bob"}`}}}
+		}
+		if strings.Contains(results["call_mail"], "not made") {
+			return agenttest.Response{Content: "Not sent."}
+		}
+		return agenttest.Response{Content: "Sent."}
 	}
 	return agenttest.Response{Content: "echo: " + last, ChunkSize: 4}
 }
@@ -70,11 +83,16 @@ func startChatStack(t *testing.T) *chatStack {
 	reg := agent.NewRegistry(agent.Clock(nil))
 	a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), Model: "test", Tools: reg})
 	require.NoError(t, err)
+	mail := agenttest.NewMCPServer(t)
+	mcp, err := agent.NewMCP(agent.MCPConfig{DB: db.Pool, Servers: []agent.MCPServer{{Name: "mail", URL: mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mcp.Close() })
 	done := make(chan error, 1)
 	go func() {
 		done <- cli.RunStack(ctx, cli.StackConfig{Pool: db.Pool, NATS: nc,
-			Relay:  relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
-			Worker: consumer.Config{Agent: a, Tools: reg.Tools(), MaxAttempts: 2, Lease: 5 * time.Second, Debounce: 50 * time.Millisecond},
+			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
+			Worker: consumer.Config{Agent: a, Tools: reg.Tools(), ToolSource: mcp, MaxAttempts: 2, Lease: 5 * time.Second,
+				Debounce: 50 * time.Millisecond},
 		})
 	}()
 	t.Cleanup(func() {
@@ -97,7 +115,7 @@ func startChatStack(t *testing.T) *chatStack {
 	hs := serve()
 	return &chatStack{
 		bundle: &bundle{pool: db.Pool, srv: hs, alice: alice, bob: bob, aliceID: aliceUser.ID, client: hs.Client()},
-		other:  serve(), nc: nc, model: model,
+		other:  serve(), nc: nc, model: model, mail: mail,
 	}
 }
 
@@ -173,12 +191,19 @@ func streamOf(t *testing.T, method, path string, resp *http.Response) *chunks {
 	return c
 }
 
+// chunkWait bounds the wait for a stream's next chunk (keep-alive
+// comments aside): a stream that stops before its end fails the test
+// instead of holding it.
+const chunkWait = time.Minute
+
 // next returns the next chunk, or nil at [DONE].
 func (c *chunks) next() map[string]any {
 	c.t.Helper()
+	cut := time.AfterFunc(chunkWait, func() { c.resp.Body.Close() })
+	defer cut.Stop()
 	for {
 		line, err := c.r.ReadString('\n')
-		require.NoError(c.t, err, "the stream ended before [DONE]; chunks so far: %v", c.all)
+		require.NoError(c.t, err, "the stream ended before [DONE], or sent nothing for %s; chunks so far: %v", chunkWait, c.all)
 		data, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: ")
 		if !ok {
 			continue
@@ -509,6 +534,159 @@ func TestTheChatAdapter(t *testing.T) {
 		require.Equal(t, "echo: alice's secret", textOf(h[1]), "alice's chat is as it was")
 	})
 
+}
+
+// approvalAnswer is useChat's request after addToolApprovalResponse: the
+// chat's messages, the last one the reply whose tool part the user
+// answered, as the client shows it.
+func approvalAnswer(chatID, userID, userText string, requested *chunks, approvalID string, approved bool) map[string]any {
+	in := requested.first("tool-input-available")
+	return map[string]any{
+		"id":        chatID,
+		"trigger":   "submit-message",
+		"messageId": requested.first("start")["messageId"],
+		"messages": []any{
+			map[string]any{"id": userID, "role": "user", "parts": []any{map[string]any{"type": "text", "text": userText}}},
+			map[string]any{"id": requested.first("start")["messageId"], "role": "assistant", "parts": []any{
+				map[string]any{"type": "step-start"},
+				map[string]any{"type": "text", "text": requested.text(), "state": "done"},
+				map[string]any{"type": "dynamic-tool", "toolName": in["toolName"], "toolCallId": in["toolCallId"], "state": "approval-responded",
+					"input": in["input"], "approval": map[string]any{"id": approvalID, "approved": approved}},
+			}},
+		},
+	}
+}
+
+// keys are a chunk's fields.
+func keys(ch map[string]any) []string {
+	var out []string
+	for k := range ch {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers:
+// the AI SDK's tool approval, over Baton's durable approvals. The stream
+// shows the call and a tool-approval-request (fields both majors' strict
+// clients accept, no others), and ends while the turn waits; a resume
+// while it waits shows the same; useChat's next request, whose last
+// message is the reply with the tool part answered, decides the approval
+// and streams the rest of the same reply (the call's outcome, then the
+// text), without the parts the client has. Approved, the call is sent
+// once; denied, never, and the stream says tool-output-denied. The
+// history shows both. Another user cannot answer, an answer cannot
+// change, and a stop while the turn waits denies the call.
+func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t *testing.T) {
+	t.Parallel()
+	s := startChatStack(t)
+
+	// waits posts "mail ..." to chat and reads the stream to its end: the
+	// turn waits for approval. It returns the stream and the approval.
+	waits := func(t *testing.T, chat string) (*chunks, string) {
+		t.Helper()
+		c := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody(chat, chat+"-m1", "mail bob"))
+		c.rest()
+		require.Equal(t, "Checking.", c.text(), "the text before the call streams as usual")
+		in := c.first("tool-input-available")
+		require.Equal(t, []string{"dynamic", "input", "toolCallId", "toolName", "type"}, keys(in))
+		require.Equal(t, "mail__send", in["toolName"])
+		require.Equal(t, map[string]any{"to": "bob"}, in["input"])
+		req := c.first("tool-approval-request")
+		require.Equal(t, []string{"approvalId", "toolCallId", "type"}, keys(req), "only the fields of the SDK's chunk schema")
+		require.Equal(t, in["toolCallId"], req["toolCallId"])
+		approvalID := req["approvalId"].(string)
+		require.True(t, strings.HasPrefix(approvalID, "ap_"), approvalID)
+		types := c.types()
+		require.Equal(t, []string{"tool-input-available", "tool-approval-request", "finish-step", "finish"}, types[len(types)-4:],
+			"the stream asks, then ends while the turn waits: %v", types)
+		require.Equal(t, "tool-calls", c.first("finish")["finishReason"])
+		require.Empty(t, s.mail.Calls(), "nothing is sent before the approval")
+		return c, approvalID
+	}
+
+	t.Run("approved: the call runs once and the same reply goes on", func(t *testing.T) {
+		t.Parallel()
+		first, approvalID := waits(t, "mail-yes")
+		replyID := first.first("start")["messageId"]
+
+		resumed := s.openChat(t, s.other, "GET", "/v1/chat/mail-yes/stream", s.alice, nil)
+		resumed.rest()
+		require.Equal(t, []string{"start", "start-step", "tool-input-available", "tool-approval-request", "finish-step", "finish"}, resumed.types(),
+			"a reload while the turn waits shows the request again")
+		require.Equal(t, replyID, resumed.first("start")["messageId"])
+		require.Equal(t, approvalID, resumed.first("tool-approval-request")["approvalId"])
+
+		bob := s.do(t, s.bob, "POST", "/v1/chat", approvalAnswer("mail-yes", "mail-yes-m1", "mail bob", first, approvalID, true))
+		require.Equal(t, http.StatusNotFound, bob.Status, "another user cannot answer: %s", bob.Raw)
+		s.openChat(t, s.srv, "POST", "/v1/chat", s.bob, chatBody("bobs-mail", "bm1", "hello")).rest()
+		bob = s.do(t, s.bob, "POST", "/v1/chat", approvalAnswer("bobs-mail", "bm1", "hello", first, approvalID, true))
+		require.Equal(t, http.StatusNotFound, bob.Status, "not from a chat of their own either: %s", bob.Raw)
+
+		answer := approvalAnswer("mail-yes", "mail-yes-m1", "mail bob", first, approvalID, true)
+		rest := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, answer)
+		rest.rest()
+		require.Equal(t, replyID, rest.first("start")["messageId"], "the same reply goes on")
+		require.Zero(t, rest.count("tool-input-available"), "the client has the call already: %v", rest.types())
+		out := rest.first("tool-output-available")
+		require.Equal(t, first.first("tool-input-available")["toolCallId"], out["toolCallId"])
+		require.Equal(t, `sent {"to":"bob"}`, out["output"])
+		require.Equal(t, "\n\nSent.", rest.text(), "only the text the client lacks")
+		require.Equal(t, "stop", rest.first("finish")["finishReason"])
+		require.Equal(t, []string{`{"to":"bob"}`}, s.mail.Calls(), "the approved call was sent once")
+
+		again := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, answer)
+		again.rest()
+		require.Equal(t, replyID, again.first("start")["messageId"], "the same answer again follows the same reply")
+		require.Len(t, s.mail.Calls(), 1, "and sends nothing again")
+		change := s.do(t, s.alice, "POST", "/v1/chat", approvalAnswer("mail-yes", "mail-yes-m1", "mail bob", first, approvalID, false))
+		require.Equal(t, http.StatusConflict, change.Status, "an answer cannot change: %s", change.Raw)
+		require.Contains(t, change.Raw, "approval_decided")
+
+		h := s.history(t, s.alice, "mail-yes")
+		require.Len(t, h, 2)
+		require.Equal(t, replyID, h[1]["id"])
+		require.Equal(t, "Checking.\n\nSent.", textOf(h[1]))
+		tool := h[1]["parts"].([]any)[1].(map[string]any)
+		require.Equal(t, "output-available", tool["state"])
+		require.Equal(t, `sent {"to":"bob"}`, tool["output"])
+	})
+
+	t.Run("denied: the call is never sent and the stream says so", func(t *testing.T) {
+		t.Parallel()
+		first, approvalID := waits(t, "mail-no")
+		rest := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, approvalAnswer("mail-no", "mail-no-m1", "mail bob", first, approvalID, false))
+		rest.rest()
+		denied := rest.first("tool-output-denied")
+		require.Equal(t, []string{"toolCallId", "type"}, keys(denied))
+		require.Equal(t, first.first("tool-input-available")["toolCallId"], denied["toolCallId"])
+		require.Zero(t, rest.count("tool-output-available"))
+		require.Contains(t, rest.text(), "Not sent.")
+		require.NotContains(t, rest.text(), "Checking.", "the client has that text already")
+		for _, call := range s.mail.Calls() {
+			require.NotContains(t, call, "mail-no", "a denied call is never sent")
+		}
+		h := s.history(t, s.alice, "mail-no")
+		tool := h[1]["parts"].([]any)[1].(map[string]any)
+		require.Equal(t, "output-denied", tool["state"])
+		require.Equal(t, map[string]any{"id": approvalID, "approved": false}, tool["approval"])
+	})
+
+	t.Run("a stop while the turn waits denies the call and ends the wait", func(t *testing.T) {
+		t.Parallel()
+		first, approvalID := waits(t, "mail-stop")
+		r := s.do(t, s.alice, "POST", "/v1/conversations/mail-stop/stop", nil)
+		require.Equal(t, http.StatusOK, r.Status, r.Raw)
+		require.Equal(t, map[string]any{"stopped": true, "settled": float64(1)}, r.Body)
+		require.Equal(t, http.StatusNoContent, s.do(t, s.alice, "GET", "/v1/chat/mail-stop/stream", nil).Status, "nothing waits any more")
+		late := s.do(t, s.alice, "POST", "/v1/chat", approvalAnswer("mail-stop", "mail-stop-m1", "mail bob", first, approvalID, true))
+		require.Equal(t, http.StatusConflict, late.Status, "the stop decided it: %s", late.Raw)
+		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied'`, approvalID))
+		next := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("mail-stop", "mail-stop-m2", "after the stop"))
+		next.rest()
+		require.Equal(t, "echo: after the stop", next.text(), "a message after the stop gets a turn of its own")
+	})
 }
 
 func (b *bundle) count(t *testing.T, query string, args ...any) int {

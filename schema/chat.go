@@ -40,10 +40,13 @@ type ChatTool struct {
 	Tool   string
 	// Input is the call's JSON arguments.
 	Input json.RawMessage
-	// Status is started, completed or failed.
+	// Status is started, completed, failed, or denied (a call that waited
+	// for approval and was never sent).
 	Status string
 	// Output is a completed call's result.
 	Output string
+	// ApprovalID is the approval the call waited for, if it did.
+	ApprovalID string
 }
 
 // Defaults and bounds of a page of ChatHistory.
@@ -102,10 +105,20 @@ func attachTools(ctx context.Context, db Executor, msgs []ChatMessage) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	// By run first: operations are indexed by (run_id, tool_call_id).
+	// By run first: operations are indexed by (run_id, tool_call_id). A
+	// reply also carries the calls of the runs of its turn that stopped
+	// for an approval.
 	rows, err := db.Query(ctx, `
-		SELECT message_id, tool_call_id, tool, arguments::text, status, coalesce(result, '')
-		FROM operations WHERE run_id = ANY($1) AND message_id = ANY($2) ORDER BY id`, runs, ids)
+		WITH r AS (
+			SELECT unnest($1::text[]) AS run_id
+			UNION
+			SELECT a.run_id FROM messages m JOIN approvals a ON a.conversation_id = m.conversation_id AND a.turn_id = m.turn_id
+			WHERE m.id = ANY($2))
+		SELECT p.message_id, p.tool_call_id, p.tool, p.arguments::text, p.status, coalesce(p.result, ''),
+			coalesce((SELECT a.public_id FROM approvals a WHERE a.conversation_id = p.conversation_id AND a.operation_id = p.id
+				ORDER BY a.id DESC LIMIT 1), '')
+		FROM operations p WHERE p.run_id IN (SELECT run_id FROM r) AND p.message_id = ANY($2)
+		ORDER BY p.id`, runs, ids)
 	if err != nil {
 		return fmt.Errorf("tool calls of replies: %w", err)
 	}
@@ -113,7 +126,7 @@ func attachTools(ctx context.Context, db Executor, msgs []ChatMessage) error {
 	for rows.Next() {
 		var messageID, input string
 		var t ChatTool
-		if err := rows.Scan(&messageID, &t.CallID, &t.Tool, &input, &t.Status, &t.Output); err != nil {
+		if err := rows.Scan(&messageID, &t.CallID, &t.Tool, &input, &t.Status, &t.Output, &t.ApprovalID); err != nil {
 			return err
 		}
 		t.Input = json.RawMessage(input)
@@ -207,4 +220,43 @@ func ActiveRow(ctx context.Context, db Executor, conversationKey string) (outbox
 		return 0, false, fmt.Errorf("find the running turn: %w", err)
 	}
 	return outboxID, true, nil
+}
+
+// ChatApproval is a call that the turn answering an outbox row waits for
+// its user to approve or deny.
+type ChatApproval struct {
+	// ID is the approval's public id.
+	ID         string
+	ToolCallID string
+	Tool       string
+	// Arguments are the call's stored JSON arguments.
+	Arguments json.RawMessage
+	// ReplyID is the id the turn's reply will have: the turn resumes as
+	// the same turn.
+	ReplyID string
+}
+
+// WaitingApproval returns the approval that the turn of an outbox row of
+// the conversation with the given key waits for, while it waits (pending
+// and in time); nil when it waits for none.
+func WaitingApproval(ctx context.Context, db Executor, conversationKey string, outboxID int64) (*ChatApproval, error) {
+	var a ChatApproval
+	var args string
+	var rows []int64
+	var generation int
+	err := db.QueryRow(ctx, `
+		SELECT a.public_id, coalesce(o.tool_call_id, ''), a.tool, a.arguments::text, a.outbox_ids,
+			(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))
+		FROM conversations c JOIN approvals a ON a.id = c.approval_id
+		LEFT JOIN operations o ON o.id = a.operation_id
+		WHERE c.id = $1 AND $2 = ANY(a.outbox_ids) AND a.status = 'pending' AND a.expires_at > now()`,
+		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &rows, &generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the approval a turn waits for: %w", err)
+	}
+	a.Arguments, a.ReplyID = json.RawMessage(args), ReplyID(rows, generation)
+	return &a, nil
 }

@@ -4,12 +4,22 @@
 // useChat folds chunks into a message). Prints what the client ends with,
 // as JSON, for the Go test to judge.
 //
-//	node read.mjs <v6|v7> <reply|resume|stop> <API root> <token> <chat id> <message id> <text>
+// The approval scenario drives the SDK's Chat itself (useChat's core,
+// without React): it sends the message, answers the approval the reply
+// asks for with addToolApprovalResponse, and lets the Chat send that
+// answer as useChat does (sendAutomaticallyWhen).
+//
+//	node read.mjs <v6|v7> <reply|resume|stop|approval> <API root> <token> <chat id> <message id> <text> [approve|deny]
 import * as v6 from "ai-v6";
 import * as v7 from "ai-v7";
 
-const [version, scenario, root, token, chatId, messageId, text] = process.argv.slice(2);
+const [version, scenario, root, token, chatId, messageId, text, decision] = process.argv.slice(2);
 const ai = { v6, v7 }[version];
+// A scenario that waits for a stream that never ends fails instead.
+setTimeout(() => {
+  process.stderr.write(`${scenario}: no result after 120 s\n`);
+  process.exit(2);
+}, 120000).unref();
 if (!ai) throw new Error(`unknown version ${version}: v6 or v7`);
 const headers = { Authorization: `Bearer ${token}` };
 const transport = new ai.DefaultChatTransport({ api: `${root}/v1/chat`, headers });
@@ -32,6 +42,28 @@ async function read(stream, onDelta) {
     metadata: last?.metadata ?? null,
     deltas,
   };
+}
+
+function textOf(message) {
+  return message.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+}
+
+// ChatState is the state a Chat keeps, as useChat's keeps it, without
+// React.
+class ChatState {
+  messages = [];
+  status = "ready";
+  error = undefined;
+  pushMessage = (m) => { this.messages = [...this.messages, m]; };
+  popMessage = () => { this.messages = this.messages.slice(0, -1); };
+  replaceMessage = (i, m) => { this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)]; };
+  snapshot = (thing) => structuredClone(thing);
+}
+
+class Chat extends ai.AbstractChat {
+  constructor(options) {
+    super({ ...options, state: new ChatState() });
+  }
 }
 
 function send() {
@@ -75,6 +107,43 @@ switch (scenario) {
     const res = await fetch(`${root}/v1/conversations/${encodeURIComponent(chatId)}/stop`, { method: "POST", headers });
     if (!res.ok) throw new Error(`stop: HTTP ${res.status}`);
     out.reply = await reply;
+    break;
+  }
+  case "approval": {
+    const finished = [];
+    let onFinished;
+    const chat = new Chat({
+      id: chatId,
+      transport,
+      sendAutomaticallyWhen: ai.lastAssistantMessageIsCompleteWithApprovalResponses,
+      onFinish: () => {
+        finished.push(true);
+        onFinished?.();
+      },
+    });
+    const requests = (n) => new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`after 60 s, ${finished.length} of ${n} requests ended; status ${chat.status}`)), 60000);
+      onFinished = () => finished.length >= n && (clearTimeout(timer), resolve());
+      onFinished();
+    });
+    await chat.sendMessage({ id: messageId, text });
+    await requests(1);
+    if (chat.error) throw chat.error;
+    const asked = structuredClone(chat.messages.at(-1));
+    const part = asked.parts.find((p) => p.state === "approval-requested");
+    if (!part) throw new Error(`the reply asks for no approval: ${JSON.stringify(asked)}`);
+    out.asked = { id: asked.id, text: textOf(asked), tool: part.toolName, input: part.input, approvalId: part.approval.id, type: part.type };
+    await chat.addToolApprovalResponse({ id: part.approval.id, approved: decision === "approve" });
+    await requests(2);
+    if (chat.error) throw chat.error;
+    const final = chat.messages.at(-1);
+    const tools = final.parts.filter((p) => p.toolCallId != null);
+    out.final = {
+      id: final.id,
+      text: textOf(final),
+      messages: chat.messages.length,
+      tools: tools.map((p) => ({ toolCallId: p.toolCallId, state: p.state, output: p.output ?? null })),
+    };
     break;
   }
   default:
