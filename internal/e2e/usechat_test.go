@@ -58,6 +58,17 @@ func chatModel(_ int, req agenttest.Request) agenttest.Response {
 		return agenttest.Response{Content: "It is now."}
 	case strings.HasPrefix(last, "fail"):
 		return agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"invalid api key"}}`}
+	case strings.HasPrefix(last, "mail"):
+		// mail__send waits for approval, where the worker's MCP server
+		// "mail" is named in its --mcp-approve.
+		results := req.ToolMessages()
+		if len(results) == 0 {
+			return agenttest.Response{Content: "Checking.", ToolCalls: []agenttest.ToolCall{{ID: "call_mail", Name: "mail__send", Arguments: `{"to":"bob"}`}}}
+		}
+		if strings.Contains(results["call_mail"], "not made") {
+			return agenttest.Response{Content: "Not sent."}
+		}
+		return agenttest.Response{Content: "Sent."}
 	}
 	return agenttest.Response{Content: "echo: " + last, ChunkSize: 4}
 }
@@ -67,6 +78,8 @@ func chatModel(_ int, req agenttest.Request) agenttest.Response {
 // headless Chromium.
 type chatSite struct {
 	*processStack
+	// mail is the worker's MCP server, whose calls wait for approval.
+	mail     *agenttest.MCPServer
 	site     string // the page's root URL
 	token    string
 	browser  context.Context
@@ -92,8 +105,9 @@ func startChatSite(t *testing.T) *chatSite {
 	require.NoError(t, err, "build the example's server: %s", out)
 
 	model := agenttest.NewResponder(t, chatModel)
+	s.mail = agenttest.NewMCPServer(t)
 	s.processStack = startProcessStack(t)
-	s.startWorker(model.BaseURL())
+	s.startWorker(model.BaseURL(), "--mcp-server", "mail="+s.mail.URL, "--mcp-approve", "mail", "--mcp-allow-private")
 	sitePort, err := pgcluster.FreePort()
 	require.NoError(t, err)
 	siteAddr := fmt.Sprintf("127.0.0.1:%d", sitePort)
@@ -277,6 +291,22 @@ func TestTheUseChatExampleAgainstBaton(t *testing.T) {
 		tb.screenshot("tool")
 		require.Equal(t, `{"time_zone":"UTC"}`, tb.str(`document.querySelector('.tool .tool-input').textContent`))
 		require.Contains(t, tb.str(`document.querySelector('.tool .tool-output').textContent`), "T")
+	})
+
+	t.Run("a call that waits for approval shows Approve and Deny; Approve sends it once and the reply goes on", func(t *testing.T) {
+		tb := s.open(t, "approve")
+		tb.send("mail bob")
+		tb.wait("the call with Approve and Deny", `!!document.querySelector('.tool[data-tool=mail__send][data-state=approval-requested] button.deny')`, 30*time.Second)
+		tb.screenshot("approval")
+		require.Equal(t, `{"to":"bob"}`, tb.str(`document.querySelector('.tool[data-tool=mail__send] .tool-input').textContent`))
+		require.Empty(t, s.mail.Calls(), "nothing is sent before the approval")
+		require.NoError(t, chromedp.Do(tb.ctx, chromedp.Click(".tool[data-tool=mail__send] button.approve")))
+		tb.wait("the call's output and the reply after it", `!!document.querySelector('.tool[data-tool=mail__send][data-state=output-available] .tool-output')`+
+			` && `+assistants+`.at(-1).textContent.includes("Sent.") && document.getElementById("status").textContent === "ready"`, 30*time.Second)
+		tb.screenshot("approved")
+		require.Equal(t, []string{`{"to":"bob"}`}, s.mail.Calls(), "the approved call was sent once")
+		require.Equal(t, 1, tb.num(assistants+`.length`), "one reply, which went on")
+		require.Equal(t, 1, tb.num(`(`+assistants+`.at(-1).textContent.match(/Checking\./g) || []).length`), "no text twice")
 	})
 
 	t.Run("the reference page's Stop button stops a turn", func(t *testing.T) {

@@ -3,13 +3,16 @@
 // GET /v1/chat/{id}, messages go to POST /v1/chat, a reload or a second tab
 // resumes the running reply from GET /v1/chat/{id}/stream, and Stop asks
 // the server to stop (POST /v1/conversations/{id}/stop), which the AI SDK
-// never does by itself. The page is served from the same origin as the
-// API (serve.go proxies /v1), and signs in with a Baton token given as
+// never does by itself. A tool call that waits for the user's approval
+// shows Approve and Deny: addToolApprovalResponse answers it, and useChat
+// sends the answer in its next request, which Baton takes as the
+// approval's decision. The page is served from the same origin as the API
+// (serve.go proxies /v1), and signs in with a Baton token given as
 // #token=... once.
 import { useEffect, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import { useChat } from "@ai-sdk/react";
-import { DefaultChatTransport } from "ai";
+import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from "ai";
 
 const API = "/v1";
 
@@ -65,11 +68,14 @@ function App() {
 function Chat({ id, initialMessages }) {
   const [input, setInput] = useState("");
   const retry = useRef(0);
-  const { messages, sendMessage, status, error, stop, resumeStream } = useChat({
+  const { messages, sendMessage, status, error, stop, resumeStream, addToolApprovalResponse } = useChat({
     id,
     messages: initialMessages,
     resume: true, // a running reply continues after a reload, in any tab
     transport: new DefaultChatTransport({ api: `${API}/chat`, headers: auth }),
+    // An answered approval goes to the server at once, which resumes the
+    // turn with the call sent (approved) or not (denied).
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
     onError: (e) => {
       // A lost connection (a TypeError from fetch: the API restarted, say)
       // resumes the reply where the server has it, with a growing pause;
@@ -104,7 +110,7 @@ function Chat({ id, initialMessages }) {
     <main>
       <header><h1>Baton chat</h1><span id="status">{status}</span></header>
       <div id="messages">
-        {messages.map((m) => <Message key={m.id} message={m} />)}
+        {messages.map((m) => <Message key={m.id} message={m} answer={addToolApprovalResponse} />)}
       </div>
       {error && <div id="error">{error.message}</div>}
       <form onSubmit={send}>
@@ -115,7 +121,7 @@ function Chat({ id, initialMessages }) {
   );
 }
 
-function Message({ message }) {
+function Message({ message, answer }) {
   const md = message.metadata || {};
   return (
     <div className="msg" data-role={message.role} data-id={message.id}>
@@ -128,6 +134,14 @@ function Message({ message }) {
               <span className="tool-input">{JSON.stringify(p.input)}</span>
               {p.state === "output-available" && <> → <span className="tool-output">{String(p.output)}</span></>}
               {p.state === "output-error" && <> → <span className="tool-error">{p.errorText}</span></>}
+              {p.state === "output-denied" && <> → <span className="tool-denied">not sent</span></>}
+              {p.state === "approval-requested" && (
+                <span className="approval">
+                  {" "}
+                  <button type="button" className="approve" onClick={() => answer({ id: p.approval.id, approved: true })}>Approve</button>
+                  <button type="button" className="deny" onClick={() => answer({ id: p.approval.id, approved: false })}>Deny</button>
+                </span>
+              )}
             </div>
           );
         }
