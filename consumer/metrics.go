@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_turns_started_total", Help: "Turns claimed by this worker.",
 		}),
 		turnsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, stopped, retried, failed, superseded, cancelled, abandoned, error).",
+			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, stopped, waiting_for_approval, retried, failed, superseded, cancelled, abandoned, error).",
 		}, []string{"outcome"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_turn_failures_total", Help: "Failed attempts of turns, retried or not, by reason (the agent's kind of failure: rate_limited, model_unavailable, model_auth, ...; turn_timeout; other).",
