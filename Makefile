@@ -26,7 +26,7 @@ deps:
 # Folders whose npm packages the tests use (real clients and servers, the
 # example apps), installed from the lockfile beside each, again only when
 # the lockfile changed.
-NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything examples/producer-node
+NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything examples/producer-node examples/chat-usechat internal/e2e/aisdk
 test-deps:
 	@./scripts/install-deps.sh postgres chromium prometheus chaos node psycopg tour
 	@for d in $(NPM_DIRS); do \
@@ -75,7 +75,7 @@ dev: deps build
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
 # processes that limit a figure.
 BENCH_REPORT ?= bin/bench-report.jsonl
-BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer'
+BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \

@@ -117,7 +117,9 @@ type Config struct {
 	// Tools the model may call. Defaults to an empty registry.
 	Tools *Registry
 	// Live receives partial reply text on the run's live subject (a
-	// *nats.Conn fits). Defaults to none: nothing is published.
+	// *nats.Conn fits), for a turn whose runner gives it no consumer.Live
+	// of its own (a worker always does, and publishes the text itself).
+	// Defaults to none: nothing is published.
 	Live Publisher
 	// HTTPClient makes the requests. Defaults to a client with the
 	// default transport.

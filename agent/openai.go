@@ -63,6 +63,9 @@ func NewOpenAI(cfg Config) (*OpenAI, error) {
 func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.ToolExecutor) (consumer.Reply, error) {
 	log := a.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).Logger()
 	lv := newLive(a.cfg.Live, turn.ConversationID, turn.RunID, log)
+	if turn.Live != nil {
+		lv.show = turn.Live.Show
+	}
 	if turn.Attempt > 1 {
 		// Subscribers of the conversation drop what an earlier attempt
 		// showed.
@@ -88,7 +91,10 @@ func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.Too
 		return consumer.Reply{}, err
 	}
 	if err != nil {
-		lv.failed()
+		if !errors.Is(err, consumer.ErrStopped) {
+			// A stopped turn keeps what it showed: that is its reply.
+			lv.failed()
+		}
 		return consumer.Reply{}, err
 	}
 	lv.done()

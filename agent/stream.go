@@ -19,8 +19,11 @@ type Publisher interface {
 // from the text of the step in progress, so that a retried model call
 // resets the subscribers to what stands. Live events are a preview: a
 // failed publish is logged and forgotten, never a reason to fail a turn.
-// A live with a nil publisher only keeps the text.
+// A live with a nil publisher only keeps the text. Under a turn runner,
+// show (the turn's consumer.Live) publishes instead, numbering the steps
+// with the tool calls of its journal.
 type live struct {
+	show    func(batonnats.DeltaType, string)
 	pub     Publisher
 	subject string
 	runID   string
@@ -37,6 +40,10 @@ func newLive(pub Publisher, conversationID, runID string, log zerolog.Logger) *l
 }
 
 func (l *live) publish(t batonnats.DeltaType, text string) {
+	if l.show != nil {
+		l.show(t, text)
+		return
+	}
 	if l.pub == nil {
 		return
 	}

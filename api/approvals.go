@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -59,14 +60,7 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	user := userFrom(r.Context())
-	var a schema.Approval
-	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
-		var err error
-		a, err = schema.DecideApprovalTx(r.Context(), tx, user.ID, cid, id, schema.Decision{
-			Approved: *d.Approved, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID,
-		})
-		return err
-	})
+	a, err := s.decide(r.Context(), user.ID, cid, id, schema.Decision{Approved: *d.Approved, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID})
 	switch {
 	case errors.Is(err, schema.ErrNotFound) && a.ID == "":
 		// The conversation is someone else's or missing (then like any
@@ -87,10 +81,6 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 	case s.failed(w, r, cid, err):
 		return
 	}
-	s.publishEvent(r.Context(), batonnats.ConversationEvent{
-		Type: batonnats.EventApprovalDecided, ConversationID: a.ConversationKey, RunID: a.RunID, TurnID: a.TurnID,
-		OutboxIDs: a.OutboxIDs, ApprovalID: a.ID, Tool: a.Tool, Decision: a.Status,
-	}, "approval-"+a.ID)
 	if a.Status == schema.ApprovalExpired {
 		writeError(w, http.StatusConflict, "approval_expired", "the approval "+strconv.Quote(id)+" waited past its time and the call was denied")
 		return
@@ -100,4 +90,30 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) approvalNotFound(w http.ResponseWriter, id string) {
 	writeError(w, http.StatusNotFound, "not_found", "no approval "+strconv.Quote(id)+" in this conversation")
+}
+
+// decide records ownerID's decision on an approval of their conversation
+// cid and, once it committed, tells the conversation's clients. Its
+// errors are schema.DecideApprovalTx's; an approval that expired is
+// committed as such, with no error.
+func (s *Server) decide(ctx context.Context, ownerID int64, cid, approvalID string, d schema.Decision) (schema.Approval, error) {
+	var a schema.Approval
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		a, err = schema.DecideApprovalTx(ctx, tx, ownerID, cid, approvalID, d)
+		return err
+	})
+	if err == nil {
+		s.publishApprovalDecided(ctx, a)
+	}
+	return a, err
+}
+
+// publishApprovalDecided tells the conversation's clients that an
+// approval was decided (by its user, by its time, or by a stop).
+func (s *Server) publishApprovalDecided(ctx context.Context, a schema.Approval) {
+	s.publishEvent(ctx, batonnats.ConversationEvent{
+		Type: batonnats.EventApprovalDecided, ConversationID: a.ConversationKey, RunID: a.RunID, TurnID: a.TurnID,
+		OutboxIDs: a.OutboxIDs, ApprovalID: a.ID, Tool: a.Tool, Decision: a.Status,
+	}, "approval-"+a.ID)
 }

@@ -64,6 +64,10 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 		{"POST", convPath(cid, "/read"), "", true},
 		{"POST", convPath(cid, "/retry"), "", true},
 		{"GET", convPath(cid, "/events"), "", true},
+		{"POST", convPath(cid, "/stop"), "", true},
+		{"POST", "/v1/chat", `{"id":"new-chat","messages":[{"id":"new-message","role":"user","parts":[{"type":"text","text":"new"}]}]}`, false},
+		{"GET", "/v1/chat/" + cid, "", true},
+		{"GET", "/v1/chat/" + cid + "/stream", "", true},
 	}
 	type credential struct {
 		name          string

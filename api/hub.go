@@ -86,6 +86,8 @@ type liveDelta struct {
 	// the run it names: a delta published on another run's subject is a
 	// forgery and never reaches a client.
 	fromRun bool
+	// delta is the delta as parsed, valid only when fromRun.
+	delta batonnats.LiveDelta
 	// frame is the delta as an SSE event, written as it is to every
 	// client that gets it.
 	frame []byte
@@ -308,7 +310,7 @@ func (h *hub) delta(m *natsclient.Msg) {
 	}
 	d := &liveDelta{frame: sseFrame("", "delta", string(m.Data))}
 	if parsed, err := batonnats.ParseLiveDelta(m.Data); err == nil {
-		d.runID, d.fromRun = parsed.RunID, m.Subject == batonnats.LiveSubject(key, parsed.RunID)
+		d.runID, d.fromRun, d.delta = parsed.RunID, m.Subject == batonnats.LiveSubject(key, parsed.RunID), parsed
 	}
 	for l := range ls {
 		select {

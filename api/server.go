@@ -89,6 +89,13 @@ type Config struct {
 	// MaxStreams is how many live event streams the process holds open;
 	// more get 503. Defaults to 10000.
 	MaxStreams int
+	// MaxChatBodyBytes limits the body of POST /v1/chat, which carries
+	// the chat's whole history (it is read as a stream and only its last
+	// message kept); larger gets 413. Defaults to 8 MiB.
+	MaxChatBodyBytes int
+	// MaxChatMessages limits the messages read from the body of POST
+	// /v1/chat; more get 413. Defaults to 10000.
+	MaxChatMessages int
 	// JWT accepts JSON Web Tokens of the application's own sign-in beside
 	// Baton's tokens, wherever those are accepted: an OpenID Connect
 	// provider's and a backend's HS256 tokens. Their user is
@@ -123,6 +130,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.MessageBurst, DefaultMessageBurst)
 	setDefault(&c.MaxStreamsPerUser, DefaultMaxStreamsPerUser)
 	setDefault(&c.MaxStreams, DefaultMaxStreams)
+	setDefault(&c.MaxChatBodyBytes, DefaultMaxChatBodyBytes)
+	setDefault(&c.MaxChatMessages, DefaultMaxChatMessages)
 	return c
 }
 
@@ -157,6 +166,7 @@ func (c Config) Validate() error {
 	}{
 		{"MaxHeaderBytes", c.MaxHeaderBytes}, {"MessagesPerMinute", c.MessagesPerMinute},
 		{"MessageBurst", c.MessageBurst}, {"MaxStreamsPerUser", c.MaxStreamsPerUser}, {"MaxStreams", c.MaxStreams},
+		{"MaxChatBodyBytes", c.MaxChatBodyBytes}, {"MaxChatMessages", c.MaxChatMessages},
 	} {
 		if n.v < 1 {
 			return setting.Errorf(n.field, n.v, "must be at least 1")
@@ -164,6 +174,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaderBytes < 1024 {
 		return setting.Errorf("MaxHeaderBytes", c.MaxHeaderBytes, "must be at least 1024: a browser's ordinary headers do not fit in less")
+	}
+	if c.MaxChatBodyBytes < c.MaxContentBytes {
+		return setting.Errorf("MaxChatBodyBytes", c.MaxChatBodyBytes, "must be at least the content limit of %d bytes: a chat's new message comes in its body", c.MaxContentBytes)
 	}
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
@@ -243,6 +256,11 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations/{cid}/read", s.auth(s.markRead))
 	s.handle("POST /v1/conversations/{cid}/retry", s.auth(s.retryFailed))
 	s.handle("GET /v1/conversations/{cid}/events", s.liveStream(s.authStream(s.conversationEvents)))
+	s.handle("POST /v1/conversations/{cid}/stop", s.auth(s.stopConversation))
+	// The AI SDK's useChat (chat.go).
+	s.handle("POST /v1/chat", s.auth(s.limitMessages(s.postChat)))
+	s.handle("GET /v1/chat/{id}", s.auth(s.chatHistory))
+	s.handle("GET /v1/chat/{id}/stream", s.auth(s.resumeChat))
 	s.handle("GET /v1/conversations/{cid}/approvals", s.auth(s.listApprovals))
 	s.handle("POST /v1/conversations/{cid}/approvals/{id}", s.auth(s.decideApproval))
 	// Anything else is a JSON error, not the mux's plain text: 405 with

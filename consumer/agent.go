@@ -40,6 +40,11 @@ type Turn struct {
 	// context budget can use more than History holds. It reads only what
 	// is asked for.
 	MoreHistory func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error)
+	// Live, when set, shows the reply while the agent writes it; the turn
+	// runner sets it. A stopped turn's reply is what the agent showed
+	// there, so an agent that streams shows every piece of text it
+	// writes, and keeps it shown when its context ends with ErrStopped.
+	Live Live
 	// Tools are the tools of this turn, when a Config.ToolSource listed
 	// them as the turn started; nil otherwise (the agent's own tools).
 	Tools Tools

@@ -122,7 +122,10 @@ func (e *NotSentError) Error() string {
 // agent's state and the approval commit with the rows back to pending and
 // the conversation released, in one transaction fenced by the run's lease.
 // The triggers are acked: the decision announces the rows again.
-func (w *Worker) park(ctx context.Context, log zerolog.Logger, batch []jetstream.Msg, claim schema.Claim, j *journal, s *Suspended) {
+//
+// A turn that was asked to stop meanwhile does not wait: it ends stopped
+// with what it showed, and the call is never journaled.
+func (w *Worker) park(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, j *journal, s *Suspended) {
 	p := j.parkRequest()
 	if p == nil {
 		w.failAttempt(ctx, log, batch, claim, errors.New("the agent stopped for an approval that the journal did not ask for"))
@@ -136,6 +139,9 @@ func (w *Worker) park(ctx context.Context, log zerolog.Logger, batch []jetstream
 		return err
 	})
 	switch {
+	case errors.Is(err, schema.ErrStopRequested):
+		w.finalize(ctx, log, mb, batch, claim, Reply{Content: j.live.text()}, true)
+		return
 	case errors.Is(err, schema.ErrConversationDeleted):
 		w.cancelled(ctx, log, batch, claim)
 		return

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -49,6 +50,12 @@ type journal struct {
 	runID          string
 	crash          *crasher
 	metrics        *metrics
+	// live shows each call to live clients: its input once journaled as
+	// started, then its output or that it failed.
+	live *liveRun
+	// cancel ends the turn (its context's cause).
+	cancel context.CancelCauseFunc
+	log    zerolog.Logger
 
 	// resume is the decided approval the turn resumes from, until its
 	// call was answered.
@@ -57,12 +64,59 @@ type journal struct {
 	// mu orders a write's start against superseding: once a write has
 	// started (or waits for approval), the turn must end with its own
 	// reply, error or approval request; once the turn is being
-	// superseded, no write starts.
+	// superseded, no write starts. It also holds a stop back while a
+	// write runs (writing), so that the write's outcome is known and
+	// journaled before the turn ends.
 	mu         sync.Mutex
 	wrote      bool
 	superseded bool
+	writing    int
+	stopAsked  bool
 	// pending is the call that waits for approval, once one does.
 	pending *pendingCall
+}
+
+// stop ends the turn with ErrStopped: at once, or, while a write runs, as
+// soon as it returned. A stopped turn never runs again, so the write is
+// never repeated; letting it finish keeps its outcome known.
+func (j *journal) stop() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.writing > 0 {
+		if !j.stopAsked {
+			j.log.Info().Msg("stop asked while a write runs; the turn stops once it returned")
+		}
+		j.stopAsked = true
+		return
+	}
+	j.cancel(ErrStopped)
+}
+
+// wroteOne ends a write's hold on a stop.
+func (j *journal) wroteOne() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.writing--
+	if j.writing == 0 && j.stopAsked {
+		j.cancel(ErrStopped)
+	}
+}
+
+// startWrite records that a write starts, unless the turn is superseded
+// or stopped (then its error, and nothing may be sent); a started write
+// holds a stop back until done is called.
+func (j *journal) startWrite(ctx context.Context) (done func(), err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.superseded:
+		return nil, errSuperseded
+	case j.stopAsked || context.Cause(ctx) == ErrStopped:
+		return nil, ErrStopped
+	}
+	j.wrote = true
+	j.writing++
+	return j.wroteOne, nil
 }
 
 // errSuperseded ends a turn that newer messages of its conversation
@@ -95,16 +149,16 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	}
 	approval := tool.Effect() == EffectWrite && needsApproval(tool)
 	if tool.Effect() == EffectWrite {
-		j.mu.Lock()
-		if j.superseded {
-			j.mu.Unlock()
-			return "", errSuperseded
+		done, err := j.startWrite(ctx)
+		if err != nil {
+			return "", err
 		}
-		j.wrote = true
+		defer done()
 		if approval {
+			j.mu.Lock()
 			j.pending = &pendingCall{call: call, tool: tool, args: args}
+			j.mu.Unlock()
 		}
-		j.mu.Unlock()
 	}
 	if approval {
 		// Nothing is journaled yet: the park that the agent's Suspended
@@ -139,8 +193,12 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 	return j.run(ctx, call, tool, inv)
 }
 
-// run sends a journaled call and journals its outcome.
+// run sends a journaled call and journals its outcome, showing both to
+// live clients.
 func (j *journal) run(ctx context.Context, call ToolCall, tool Tool, inv Invocation) (string, error) {
+	if j.live != nil {
+		j.live.toolInput(call.ID, tool.Name(), inv.Arguments)
+	}
 	tctx, span := telemetry.Tracer().Start(ctx, "tool "+call.Tool,
 		trace.WithAttributes(attribute.String("baton.tool", call.Tool), attribute.String("baton.effect", string(tool.Effect())), attribute.Int64("baton.operation_id", inv.OperationID)))
 	result, callErr := tool.Call(tctx, inv)
@@ -156,12 +214,18 @@ func (j *journal) run(ctx context.Context, call ToolCall, tool Tool, inv Invocat
 			return "", err
 		}
 		j.metrics.operations.WithLabelValues(call.Tool, "failed").Inc()
+		if j.live != nil {
+			j.live.toolOutput(call.ID, "", true)
+		}
 		return "", callErr
 	}
 	if err := schema.CompleteOperation(finishCtx, j.pool, inv.OperationID, result); err != nil {
 		return "", err
 	}
 	j.metrics.operations.WithLabelValues(call.Tool, "completed").Inc()
+	if j.live != nil {
+		j.live.toolOutput(call.ID, result, false)
+	}
 	j.crash.at(CrashAfterTool)
 	return result, nil
 }
@@ -175,16 +239,29 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 	r := j.resume
 	j.resume = nil
 	if r.Status != schema.ApprovalApproved {
+		if j.live != nil {
+			j.live.toolDenied(call.ID, call.Tool, call.Arguments)
+		}
 		return "", &DeniedError{Tool: call.Tool, Status: r.Status}
 	}
-	j.mu.Lock()
-	j.wrote = true
-	j.mu.Unlock()
+	done, err := j.startWrite(ctx)
+	if errors.Is(err, ErrStopped) {
+		// The turn was stopped before the call left: it never will.
+		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, "not sent: the turn was stopped"); err != nil {
+			return "", err
+		}
+		return "", err
+	}
+	if err != nil {
+		return "", err
+	}
+	defer done()
 	if tool == nil || tool.Name() != r.Tool || definitionSHA256(tool) != r.DefinitionSHA256 {
 		cause := "not sent: the tool changed or is not offered any more since the approval"
 		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
 			return "", err
 		}
+		j.showNotSent(call)
 		return "", &NotSentError{Tool: call.Tool, Why: "the tool changed after it was approved; ask the user again if it is still needed"}
 	}
 	inv := Invocation{
@@ -193,7 +270,7 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 		ConversationID: j.conversationID,
 		RunID:          j.runID,
 	}
-	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		args, err := schema.StartApprovedOperationTx(ctx, tx, j.conversationID, j.runID, r.OperationID, r.ArgumentsSHA256)
 		inv.Arguments = json.RawMessage(args)
 		return err
@@ -203,12 +280,22 @@ func (j *journal) resumed(ctx context.Context, call ToolCall, tool Tool) (string
 		if err := schema.DenyOperation(context.WithoutCancel(ctx), j.pool, r.OperationID, cause); err != nil {
 			return "", err
 		}
+		j.showNotSent(call)
 		return "", &NotSentError{Tool: call.Tool, Why: "its arguments are not the ones that were approved"}
 	}
 	if err != nil {
 		return "", fmt.Errorf("journal approved operation %s (%s): %w", call.ID, call.Tool, err)
 	}
 	return j.run(ctx, call, tool, inv)
+}
+
+// showNotSent shows live clients an approved call that could not be sent
+// as it was approved: it failed.
+func (j *journal) showNotSent(call ToolCall) {
+	if j.live != nil {
+		j.live.toolInput(call.ID, call.Tool, call.Arguments)
+		j.live.toolOutput(call.ID, "", true)
+	}
 }
 
 // parkRequest is the approval request of the call that waits, for park.

@@ -14,9 +14,11 @@ import (
 
 // renewLease renews the lease and keeps the triggers from redelivery while
 // the turn runs. When the lease cannot be renewed before it expires, or
-// the conversation is gone, it ends the turn's context with the reason. The
-// returned function stops it and waits for it.
-func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
+// the conversation is gone, it ends the turn's context with the reason;
+// when the run was asked to stop (a notice this worker missed), it calls
+// stop and goes on renewing until the turn ended. The returned function
+// stops it and waits for it.
+func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc, stopTurn func(), log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -38,6 +40,9 @@ func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc,
 			switch {
 			case err == nil:
 				until = renewed
+			case errors.Is(err, schema.ErrStopRequested):
+				until = renewed
+				stopTurn()
 			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
 				cancel(err)
 				return

@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_turns_started_total", Help: "Turns claimed by this worker.",
 		}),
 		turnsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, retried, failed, cancelled, abandoned).",
+			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, stopped, waiting_for_approval, retried, failed, superseded, cancelled, abandoned, error).",
 		}, []string{"outcome"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_turn_failures_total", Help: "Failed attempts of turns, retried or not, by reason (the agent's kind of failure: rate_limited, model_unavailable, model_auth, ...; turn_timeout; other).",
@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_turn_insert_to_finalize_seconds", Help: "From the oldest outbox insert of a turn to its finalize commit.", Buckets: latency,
 		}),
 		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_recoveries_total", Help: "Runs recovered after their lease expired or at shutdown, by outcome (retry, failed).",
+			Name: "baton_recoveries_total", Help: "Runs recovered after their lease expired or at shutdown, by outcome (retry, failed, stopped).",
 		}, []string{"outcome"}),
 		deduplicated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "baton_triggers_deduplicated_total", Help: "Triggers acknowledged without a turn: their rows were already claimed or done (redeliveries, re-announcements).",
@@ -79,10 +79,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// Every outcome is a series from the start, so that a failure rate
 	// and a recovery panel exist before the first failure or recovery.
-	for _, o := range []string{"replied", "retried", "failed", "superseded", "cancelled", "abandoned", "error"} {
+	for _, o := range []string{"replied", "stopped", "retried", "failed", "superseded", "cancelled", "abandoned", "error"} {
 		m.turnsFinished.WithLabelValues(o)
 	}
-	for _, o := range []string{"retry", "failed"} {
+	for _, o := range []string{"retry", "failed", "stopped"} {
 		m.recoveries.WithLabelValues(o)
 	}
 	for _, k := range []string{"claim", "finalize"} {

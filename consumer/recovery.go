@@ -70,8 +70,11 @@ func (w *Worker) recovered(r schema.Recovery) {
 	w.log.Info().Str("conversation_id", r.ConversationID).Str("run_id", r.RunID).Str("turn_id", r.TurnID).
 		Str("outcome", r.Outcome).Msg("recovered run")
 	s := batonnats.ConversationEvent{ConversationID: r.ConversationID, RunID: r.RunID, TurnID: r.TurnID, Type: batonnats.EventPending, OutboxIDs: r.RetryIDs}
-	if r.Outcome == schema.RecoveryFailed {
+	switch r.Outcome {
+	case schema.RecoveryFailed:
 		s.Type, s.OutboxIDs, s.MessageID = batonnats.EventFailed, r.FailedIDs, r.ErrorMessageID
+	case schema.RecoveryStopped:
+		s.Type, s.OutboxIDs, s.MessageID = batonnats.EventStopped, r.StoppedIDs, r.ReplyID
 	}
 	w.emit(s)
 }

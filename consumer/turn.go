@@ -133,7 +133,7 @@ func (w *Worker) handle(mb *mailbox, batch []jetstream.Msg) {
 	w.metrics.turnsStarted.Inc()
 	w.metrics.attempts.Observe(float64(claim.Attempts))
 	w.metrics.insertToClaim.Observe(time.Since(claim.FirstCreatedAt).Seconds())
-	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventProcessing, OutboxIDs: claim.OutboxIDs})
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventProcessing, OutboxIDs: claim.OutboxIDs, MessageID: claim.ReplyID()})
 	log.Debug().Ints64("outbox_ids", claim.OutboxIDs).Int("attempt", claim.Attempts).Msg("turn claimed")
 	w.crash.at(CrashAfterClaim)
 
@@ -173,6 +173,7 @@ var errShutdown = errors.New("worker is shutting down")
 
 // runTurn runs a claimed turn and ends it in one transaction.
 func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, in schema.TurnInput) {
+	var stopped bool
 	turnCtx, cancel := context.WithCancelCause(trace.ContextWithSpan(w.hardCtx, trace.SpanFromContext(spanCtx)))
 	defer cancel(nil)
 	// The turn's wall-clock deadline: past it the attempt fails like any
@@ -181,8 +182,12 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 		cancel(fmt.Errorf("%w of %s", ErrTurnTimeout, w.cfg.TurnTimeout))
 	})
 	defer deadline.Stop()
-	stopRenewal := w.renewLease(turnCtx, cancel, log, mb, batch, claim)
-	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics, resume: claim.Resume}
+	live := newLiveRun(w.cfg.Live, claim.ConversationID, claim.RunID, log)
+	j := &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: claim.ConversationID, runID: claim.RunID, crash: w.crash, metrics: w.metrics,
+		live: live, cancel: cancel, log: log, resume: claim.Resume}
+	untrack := w.track(claim.ConversationID, claim.RunID, live, j.stop)
+	defer untrack()
+	stopRenewal := w.renewLease(turnCtx, cancel, j.stop, log, mb, batch, claim)
 	stopWatch := w.watchArrivals(turnCtx, cancel, mb, claim, j)
 
 	reply, err := func() (Reply, error) {
@@ -215,6 +220,7 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 			Attempt:        claim.Attempts,
 			Messages:       in.Messages,
 			History:        in.History,
+			Live:           live,
 			MoreHistory: func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error) {
 				return schema.LoadHistoryBefore(ctx, w.cfg.Pool, claim.ConversationID, beforeSeq, limit)
 			},
@@ -225,11 +231,21 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 	}
 	stopWatch()
 	stopRenewal()
+	answered := err == nil
 	if cause := context.Cause(turnCtx); cause != nil && turnCtx.Err() != nil {
 		err = cause
 		if w.hardCtx.Err() != nil {
 			err = errShutdown
 		}
+	}
+	if errors.Is(err, ErrStopped) {
+		// The reply is what the run showed, or the whole answer when the
+		// agent had finished (the stop came in the quiet window).
+		if !answered {
+			reply = Reply{Content: live.text()}
+		}
+		err = nil
+		stopped = true
 	}
 
 	ctx, cancelCommit := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(w.hardCtx), trace.SpanFromContext(spanCtx)), commitTimeout)
@@ -239,15 +255,15 @@ func (w *Worker) runTurn(spanCtx context.Context, log zerolog.Logger, mb *mailbo
 	}
 	if err == nil {
 		w.crash.at(CrashBeforeFinalize)
-		w.finalize(ctx, log, mb, batch, claim, reply)
+		w.finalize(ctx, log, mb, batch, claim, reply, stopped)
 		return
 	}
 	var suspended *Suspended
 	switch {
 	case errors.As(err, &suspended):
-		w.park(ctx, log, batch, claim, j, suspended)
+		w.park(ctx, log, mb, batch, claim, j, suspended)
 	case errors.Is(err, errSuperseded):
-		w.supersede(ctx, log, mb, batch, claim)
+		w.supersede(ctx, log, mb, batch, claim, live)
 	case errors.Is(err, schema.ErrConversationDeleted):
 		w.cancelled(ctx, log, batch, claim)
 	case errors.Is(err, schema.ErrLeaseLost):
@@ -311,8 +327,9 @@ func (w *Worker) awaitSession(ctx context.Context, wait time.Duration) (int32, b
 	return w.session.await(ctx)
 }
 
-// finalize commits the reply, then acks.
-func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply) {
+// finalize commits the reply (stopped: what a stopped turn showed), then
+// acks.
+func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, reply Reply, stopped bool) {
 	if _, ok := w.awaitSession(ctx, commitTimeout); !ok {
 		// A worker that lost its session finalizes nothing until it holds
 		// it again: another may be taking its runs over meanwhile.
@@ -327,11 +344,13 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, 
 		RunID:          claim.RunID,
 		TurnID:         claim.TurnID,
 		OutboxIDs:      claim.OutboxIDs,
+		Generation:     claim.Generation,
 		Content:        reply.Content,
 		Truncated:      reply.Truncated,
+		Stopped:        stopped,
 		// A capped turn leaves pending rows for the next one on purpose:
 		// they never supersede it.
-		SupersedeIfNewer: w.cfg.Debounce > 0 && !claim.More,
+		SupersedeIfNewer: w.cfg.Debounce > 0 && !claim.More && !stopped,
 	})
 	span.End()
 	if err == nil && out.Superseded {
@@ -355,10 +374,14 @@ func (w *Worker) finalize(ctx context.Context, log zerolog.Logger, mb *mailbox, 
 	}
 	w.crash.at(CrashAfterFinalizeBeforeAck)
 	ackAll(batch)
-	w.metrics.turnsFinished.WithLabelValues("replied").Inc()
+	outcome, event := "replied", batonnats.EventReplied
+	if out.Stopped {
+		outcome, event = "stopped", batonnats.EventStopped
+	}
+	w.metrics.turnsFinished.WithLabelValues(outcome).Inc()
 	w.metrics.insertToFinal.Observe(time.Since(claim.FirstCreatedAt).Seconds())
-	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: batonnats.EventReplied, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
-	log.Debug().Str("message_id", out.MessageID).Int64("operations", out.Operations).Msg("turn replied")
+	w.emit(batonnats.ConversationEvent{ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID, Type: event, OutboxIDs: claim.OutboxIDs, MessageID: out.MessageID})
+	log.Debug().Str("message_id", out.MessageID).Int64("operations", out.Operations).Str("outcome", outcome).Msg("turn finalized")
 }
 
 // watchArrivals supersedes the running turn when a trigger of a newer
@@ -432,8 +455,9 @@ func (w *Worker) quietWindow(ctx context.Context, mb *mailbox) {
 }
 
 // supersede hands a turn back after its model call was cancelled for a
-// newer message.
-func (w *Worker) supersede(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) {
+// newer message; a turn that was asked to stop meanwhile ends stopped
+// instead, with what it showed.
+func (w *Worker) supersede(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, live *liveRun) {
 	var done bool
 	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
@@ -441,6 +465,8 @@ func (w *Worker) supersede(ctx context.Context, log zerolog.Logger, mb *mailbox,
 		return err
 	})
 	switch {
+	case errors.Is(err, schema.ErrStopRequested):
+		w.finalize(ctx, log, mb, batch, claim, Reply{Content: live.text()}, true)
 	case errors.Is(err, schema.ErrConversationDeleted):
 		w.cancelled(ctx, log, batch, claim)
 	case errors.Is(err, schema.ErrLeaseLost):

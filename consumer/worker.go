@@ -174,6 +174,12 @@ type Config struct {
 	// OnRejoin, when set, is called after the worker found its durable
 	// consumer gone and created it again. Defaults to none.
 	OnRejoin func()
+	// Live receives the replies of turns while agents write them, and the
+	// tool calls of their journals, on each run's live subject (a
+	// *nats.Conn fits); the worker answers snapshot requests and stop
+	// notices on the connection of JetStream. Defaults to the connection
+	// of JetStream.
+	Live Publisher
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -188,6 +194,9 @@ func (c Config) WithDefaults() Config {
 	c.Stream = c.Stream.WithDefaults()
 	if c.Agent == nil {
 		c.Agent = Echo{}
+	}
+	if c.Live == nil && c.JetStream != nil {
+		c.Live = c.JetStream.Conn()
 	}
 	if c.Tools == nil && c.Pool != nil {
 		c.Tools = Tools{}.Register(LookupTool{}, NotifyTool{DB: c.Pool})
@@ -315,6 +324,11 @@ type Worker struct {
 	claims    *batcher[schema.ClaimParams, schema.ClaimResult]
 	finalizes *batcher[schema.Finalize, schema.FinalizeResult]
 
+	// runs are the turns running on this worker, by the run's subject
+	// token, for stop notices and snapshot requests.
+	runsMu sync.Mutex
+	runs   map[string]*runningTurn
+
 	mu        sync.Mutex
 	mailboxes map[string]*mailbox
 	// stopping is closed when a graceful shutdown starts: no new claim.
@@ -414,6 +428,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		return schema.FinalizeTurnsNoWait(ctx, w.cfg.Pool, fs)
 	})
 	w.mu.Unlock()
+
+	w.runs = map[string]*runningTurn{}
+	unlisten := w.listen()
+	defer unlisten()
 
 	var loops sync.WaitGroup
 	loops.Go(func() { w.recoveryLoop(ctx) })

@@ -40,6 +40,10 @@ const (
 	EventFailed EventType = "failed"
 	// EventCancelled: the conversation was deleted during a turn.
 	EventCancelled EventType = "cancelled"
+	// EventStopped: a stop ended a turn, whose reply (MessageID) is what
+	// the run had written, marked stopped; or, without a run, settled
+	// messages that waited for a turn (OutboxIDs), which no turn answers.
+	EventStopped EventType = "stopped"
 	// EventDeleted: the conversation was deleted.
 	EventDeleted EventType = "deleted"
 	// EventWaitingForApproval: the turn stopped at a call that its user
@@ -60,8 +64,11 @@ type ConversationEvent struct {
 	ConversationID string    `json:"conversation_id"`
 	RunID          string    `json:"run_id,omitempty"`
 	TurnID         string    `json:"turn_id,omitempty"`
-	MessageID      string    `json:"message_id,omitempty"`
-	OutboxIDs      []int64   `json:"outbox_ids,omitempty"`
+	// MessageID is the stored message: the user's (message), the reply
+	// (replied, stopped) or the visible error (failed); for processing,
+	// the id the turn's reply will have.
+	MessageID string  `json:"message_id,omitempty"`
+	OutboxIDs []int64 `json:"outbox_ids,omitempty"`
 	// NotBefore is when a waiting turn's next attempt may start.
 	NotBefore *time.Time `json:"not_before,omitempty"`
 	// ApprovalID, Tool and ExpiresAt name the call a turn waits for

@@ -60,3 +60,64 @@ func TestLiveTextAppliesDeltasAndResets(t *testing.T) {
 	}
 	require.Equal(t, "Hello, world", batonnats.LiveText(events))
 }
+
+// TestLiveReplyKeepsToolCallsInPlaceAcrossResets: a reset that cuts the
+// text back to what stood keeps the tool calls where they came; one that
+// replaces the text moves it after them.
+func TestLiveReplyKeepsToolCallsInPlaceAcrossResets(t *testing.T) {
+	t.Parallel()
+	var r batonnats.LiveReply
+	for _, d := range []batonnats.LiveDelta{
+		{RunID: "run_1", Seq: 1, Type: batonnats.DeltaText, Text: "Let me look."},
+		{RunID: "run_1", Seq: 2, Type: batonnats.DeltaToolInput, ToolCallID: "c1", Tool: "lookup", Input: []byte(`{"text":"x"}`)},
+		{RunID: "run_1", Seq: 3, Type: batonnats.DeltaToolOutput, ToolCallID: "c1", Text: "found"},
+		{RunID: "run_1", Seq: 4, Type: batonnats.DeltaText, Text: "\n\nIt is th"},
+		{RunID: "run_1", Seq: 5, Type: batonnats.DeltaReset, Text: "Let me look."},
+		{RunID: "run_1", Seq: 6, Type: batonnats.DeltaText, Text: "\n\nIt is there."},
+	} {
+		r.Apply(d)
+	}
+	require.Equal(t, int64(6), r.Seq)
+	require.Equal(t, "Let me look.\n\nIt is there.", r.Text())
+	require.Equal(t, []batonnats.LivePart{
+		{Type: batonnats.PartText, Text: "Let me look."},
+		{Type: batonnats.PartTool, ToolCallID: "c1", Tool: "lookup", Input: []byte(`{"text":"x"}`), State: batonnats.ToolOutputAvailable, Output: "found"},
+		{Type: batonnats.PartText, Text: "\n\nIt is there."},
+	}, r.Parts)
+
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 7, Type: batonnats.DeltaToolInput, ToolCallID: "c2", Tool: "notify", Input: []byte(`{}`)})
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 8, Type: batonnats.DeltaToolError, ToolCallID: "c2"})
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 9, Type: batonnats.DeltaReset, Text: "Starting over"})
+	require.Equal(t, "Starting over", r.Text())
+	require.Equal(t, []string{batonnats.PartTool, batonnats.PartTool, batonnats.PartText}, partTypes(r.Parts), "a reset to other text keeps the tool calls and follows them")
+	require.Equal(t, batonnats.ToolOutputError, r.Parts[1].State)
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 10, Type: batonnats.DeltaReset})
+	require.Equal(t, "", r.Text())
+	require.Len(t, r.Parts, 2, "a reset to nothing leaves only the tool calls")
+}
+
+func partTypes(ps []batonnats.LivePart) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Type
+	}
+	return out
+}
+
+func TestRunSubjectsNameTheConversationAndTheRun(t *testing.T) {
+	t.Parallel()
+	for _, run := range []string{"run_0192", "run with.dots"} {
+		for _, subject := range []string{batonnats.StopSubject("a.b c", run), batonnats.SnapshotSubject("a.b c", run)} {
+			prefix := batonnats.StopPrefix
+			if subject[:len(batonnats.SnapshotPrefix)] == batonnats.SnapshotPrefix {
+				prefix = batonnats.SnapshotPrefix
+			}
+			cid, token, err := batonnats.ParseRunSubject(prefix, subject)
+			require.NoError(t, err, subject)
+			require.Equal(t, "a.b c", cid)
+			require.Equal(t, batonnats.RunToken(run), token)
+		}
+	}
+	_, _, err := batonnats.ParseRunSubject(batonnats.StopPrefix, "baton.stop.Yw")
+	require.Error(t, err, "a subject without a run")
+}

@@ -83,16 +83,25 @@ type Requested struct {
 // released, the turn's rows go back to pending without the attempt
 // counting, and the run ends as waiting_for_approval. Nothing holds the
 // conversation while it waits: the decision announces the rows, and any
-// worker's claim resumes the turn from the approval.
+// worker's claim resumes the turn from the approval. A run that was asked
+// to stop (StopTx) does not wait: ErrStopRequested, and nothing is
+// written.
 func RequestApprovalTx(ctx context.Context, tx Executor, p ApprovalRequest) (Requested, error) {
 	var out Requested
-	var owned bool
-	err := tx.QueryRow(ctx, `SELECT true FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`, p.ConversationID, p.RunID).Scan(&owned)
+	var stop bool
+	err := tx.QueryRow(ctx, `
+		SELECT coalesce(stop_run_id = run_id, false) FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`,
+		p.ConversationID, p.RunID).Scan(&stop)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return out, ownershipError(ctx, tx, p.ConversationID)
 	}
 	if err != nil {
 		return out, fmt.Errorf("park: lock conversation: %w", err)
+	}
+	if stop {
+		// A stopped turn waits for nothing: the caller ends it stopped,
+		// and the call is never journaled, let alone sent.
+		return out, ErrStopRequested
 	}
 	op := p.Operation
 	err = tx.QueryRow(ctx, fmt.Sprintf(`
@@ -160,6 +169,10 @@ type Resume struct {
 	// OutboxIDs are the rows of the stopped turn: the resumed turn claims
 	// exactly these.
 	OutboxIDs []int64
+	// TurnID is the stopped turn's: the resumed turn is the same turn
+	// (its rows at the same generation), and its reply carries the
+	// operations of the run that stopped.
+	TurnID string
 }
 
 // resumeTx reads the approval a conversation names, in a claim's
@@ -172,10 +185,10 @@ func resumeTx(ctx context.Context, tx Executor, approvalID int64) (*Resume, erro
 	var expires time.Time
 	err := tx.QueryRow(ctx, `
 		SELECT a.public_id, a.status, a.expires_at, a.expires_at <= now(), a.operation_id, o.tool_call_id, a.tool,
-			a.arguments_sha256, a.definition_sha256, coalesce(o.idempotency_key, ''), a.state, a.outbox_ids
+			a.arguments_sha256, a.definition_sha256, coalesce(o.idempotency_key, ''), a.state, a.outbox_ids, a.turn_id
 		FROM approvals a JOIN operations o ON o.id = a.operation_id
 		WHERE a.id = $1 FOR UPDATE OF a`, approvalID).Scan(&r.ApprovalID, &r.Status, &expires, &expired, &r.OperationID,
-		&r.ToolCallID, &r.Tool, &r.ArgumentsSHA256, &r.DefinitionSHA256, &r.IdempotencyKey, &r.State, &r.OutboxIDs)
+		&r.ToolCallID, &r.Tool, &r.ArgumentsSHA256, &r.DefinitionSHA256, &r.IdempotencyKey, &r.State, &r.OutboxIDs, &r.TurnID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -209,10 +222,23 @@ func expireTx(ctx context.Context, tx Executor, approvalID, operationID int64) e
 }
 
 // claimResumeRowsTx marks exactly the stopped turn's rows processing for
-// the claiming run. It reports false when they are not all pending any
-// more (a turn cannot resume without all of its rows): the caller then
-// forgets the approval and claims as usual.
-func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationID string, ids []int64) (bool, error) {
+// the claiming run. It reports false, and changes nothing, when they are
+// not all pending any more or are no longer that turn (a turn cannot
+// resume without all of its rows, and rows put back for a regenerated
+// reply are a turn of their own, with one more generation): the caller
+// then forgets the approval and claims as usual. The caller holds the
+// conversation's row lock, which every change of its rows takes, so what
+// the check reads is what the update changes.
+func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationID string, ids []int64, turnID string) (bool, error) {
+	var pending, generation int
+	if err := tx.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE status = 'pending'), coalesce(max(generation), 0)
+		FROM agent_outbox WHERE conversation_id = $1 AND id = ANY($2)`, conversationID, ids).Scan(&pending, &generation); err != nil {
+		return false, fmt.Errorf("claim: resume rows: %w", err)
+	}
+	if pending != len(ids) || TurnIDOf(ids, generation) != turnID {
+		return false, nil
+	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox SET status = 'processing', attempts = attempts + 1, run_id = $2
 		WHERE conversation_id = $1 AND id = ANY($3) AND status = 'pending'
@@ -220,7 +246,6 @@ func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationI
 	if err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)
 	}
-	var n int
 	for rows.Next() {
 		var id int64
 		var attempts int
@@ -229,7 +254,6 @@ func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationI
 			rows.Close()
 			return false, err
 		}
-		n++
 		c.OutboxIDs = append(c.OutboxIDs, id)
 		c.Attempts = max(c.Attempts, attempts)
 		if c.FirstCreatedAt.IsZero() || created.Before(c.FirstCreatedAt) {
@@ -240,9 +264,10 @@ func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationI
 	if err := rows.Err(); err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)
 	}
-	if n != len(ids) {
-		return false, fmt.Errorf("claim: %d of the %d rows of the stopped turn are pending", n, len(ids))
+	if len(c.OutboxIDs) != len(ids) {
+		return false, fmt.Errorf("claim: resume rows: %d of the %d rows of the stopped turn changed under the conversation's lock", len(c.OutboxIDs), len(ids))
 	}
+	c.Generation = generation
 	if err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending')`, conversationID).Scan(&c.More); err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)

@@ -161,7 +161,7 @@ func TestFinalizeTurnsCommitsEachTurnOnItsOwnFence(t *testing.T) {
 	require.Len(t, res, 6)
 	require.ErrorContains(t, res[5].Err, "asked for twice", "a run finalized twice in one batch is refused the second time")
 	require.NoError(t, res[0].Err)
-	require.Equal(t, schema.ReplyMessageID(claims["a"].TurnID), res[0].Finalized.MessageID)
+	require.Equal(t, claims["a"].ReplyID(), res[0].Finalized.MessageID)
 	require.ErrorIs(t, res[1].Err, schema.ErrLeaseLost)
 	require.NoError(t, res[2].Err)
 	require.NoError(t, res[3].Err)

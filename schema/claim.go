@@ -39,9 +39,13 @@ var (
 )
 
 // TurnID is the logical turn of a set of outbox rows: the same rows always
-// make the same turn, whichever run or attempt claims them, which is what
-// makes the reply ID deterministic.
-func TurnID(outboxIDs []int64) string {
+// make the same turn, whichever run or attempt claims them.
+func TurnID(outboxIDs []int64) string { return TurnIDOf(outboxIDs, 0) }
+
+// TurnIDOf is the logical turn of a set of outbox rows at a generation:
+// a regenerated reply answers the same rows again in a turn of its own
+// (generation 0 is TurnID's).
+func TurnIDOf(outboxIDs []int64, generation int) string {
 	ids := slices.Clone(outboxIDs)
 	slices.Sort(ids)
 	var b strings.Builder
@@ -51,13 +55,30 @@ func TurnID(outboxIDs []int64) string {
 		}
 		b.WriteString(strconv.FormatInt(id, 10))
 	}
+	if generation > 0 {
+		b.WriteString("#" + strconv.Itoa(generation))
+	}
 	sum := sha256.Sum256([]byte(b.String()))
 	return "turn_" + hex.EncodeToString(sum[:16])
 }
 
-// ReplyMessageID is the ID of a turn's assistant reply. A unique key on
-// messages.id makes a second reply for one turn impossible.
-func ReplyMessageID(turnID string) string { return "reply_" + strings.TrimPrefix(turnID, "turn_") }
+// ReplyID is the ID of the assistant reply of a turn over outboxIDs at a
+// generation. It is derived from the turn's oldest row and the generation,
+// not from the whole set: a turn that a newer message supersedes is
+// answered by a turn over its rows and the newer ones, whose reply keeps
+// the same ID, so a client that streams the reply never sees its ID
+// change. A unique key on messages.id makes a second reply impossible:
+// the oldest row of a turn is the oldest pending row of its conversation,
+// and only a finalize, which marks it done, writes its reply; it becomes
+// pending again only after a failure (no reply) or a regenerate (one more
+// generation).
+func ReplyID(outboxIDs []int64, generation int) string {
+	if len(outboxIDs) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("reply:" + strconv.FormatInt(slices.Min(outboxIDs), 10) + "#" + strconv.Itoa(generation)))
+	return "reply_" + hex.EncodeToString(sum[:16])
+}
 
 // ErrorMessageID is the ID of the visible error message of the run that
 // gave up. It is the run's, not the turn's: after a user's retry the same
@@ -100,6 +121,10 @@ type Claim struct {
 	// Attempts is the highest attempt count among the rows, this attempt
 	// included.
 	Attempts int
+	// Generation is the highest generation among the rows: how many times
+	// the newest reply to them was regenerated. It is part of the turn's
+	// identity.
+	Generation int
 	// FirstCreatedAt is when the oldest row of the turn was inserted.
 	FirstCreatedAt time.Time
 	LeaseExpiresAt time.Time
@@ -119,6 +144,9 @@ type Claim struct {
 
 // Empty reports whether nothing was claimed: no pending rows.
 func (c Claim) Empty() bool { return len(c.OutboxIDs) == 0 }
+
+// ReplyID is the ID the turn's reply gets (see ReplyID).
+func (c Claim) ReplyID() string { return ReplyID(c.OutboxIDs, c.Generation) }
 
 // BusyError is ErrConversationBusy with the owner and its lease.
 type BusyError struct {
@@ -234,21 +262,22 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 		SET status = 'processing', attempts = attempts + 1, run_id = $2
 		FROM (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $3::bigint < 0 THEN NULL ELSE $3::bigint END) t
 		WHERE o.id = t.id
-		RETURNING o.id, o.attempts, o.created_at, (SELECT count(*) FROM turn)`, p.ConversationID, p.RunID, limit)
+		RETURNING o.id, o.attempts, o.created_at, o.generation, (SELECT count(*) FROM turn)`, p.ConversationID, p.RunID, limit)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
 	}
 	for rows.Next() {
 		var id, pending int64
-		var attempts int
+		var attempts, generation int
 		var created time.Time
-		if err := rows.Scan(&id, &attempts, &created, &pending); err != nil {
+		if err := rows.Scan(&id, &attempts, &created, &generation, &pending); err != nil {
 			rows.Close()
 			return Claim{}, err
 		}
 		c.More = limit >= 0 && pending > limit
 		c.OutboxIDs = append(c.OutboxIDs, id)
 		c.Attempts = max(c.Attempts, attempts)
+		c.Generation = max(c.Generation, generation)
 		if c.FirstCreatedAt.IsZero() || created.Before(c.FirstCreatedAt) {
 			c.FirstCreatedAt = created
 		}
@@ -267,7 +296,7 @@ func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
 // and records its run.
 func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
-	c.TurnID = TurnID(c.OutboxIDs)
+	c.TurnID = TurnIDOf(c.OutboxIDs, c.Generation)
 	// clock_timestamp, not now(): the transaction may have waited for the
 	// conversation lock behind the previous run's finalize, and the record
 	// of runs must show that this one started after that one ended.
@@ -299,13 +328,15 @@ func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, ap
 		return false, err
 	}
 	if r != nil {
-		ok, err := claimResumeRowsTx(ctx, tx, c, p.ConversationID, r.OutboxIDs)
+		ok, err := claimResumeRowsTx(ctx, tx, c, p.ConversationID, r.OutboxIDs, r.TurnID)
+		if err != nil {
+			return false, err
+		}
 		if ok {
 			c.Resume = r
 			return true, takeLeaseTx(ctx, tx, c, p)
 		}
-		_ = err // the rows say the turn cannot resume; forget the approval
-		c.OutboxIDs, c.Attempts, c.FirstCreatedAt, c.More = nil, 0, time.Time{}, false
+		// The rows say the turn cannot resume: forget the approval.
 	}
 	if _, err := tx.Exec(ctx, `UPDATE conversations SET approval_id = NULL WHERE id = $1`, p.ConversationID); err != nil {
 		return false, fmt.Errorf("claim: forget approval: %w", err)
@@ -319,7 +350,8 @@ type TurnInput struct {
 	Messages []Message
 	// History is what the conversation said before the turn, oldest first,
 	// at most the requested number of messages: replies, errors and the
-	// user messages of earlier turns, never those waiting for a later turn.
+	// user messages of earlier turns, never those waiting for a later turn
+	// nor replies a regenerated one replaced.
 	History []Message
 }
 
@@ -349,7 +381,7 @@ func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs
 		SELECT id, conversation_id, role, content, created_at, seq FROM (
 			SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-			WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error'))
+			WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
 			ORDER BY m.seq DESC LIMIT $2) h
 		ORDER BY seq`, conversationID, historyLimit)
 	if err != nil {
@@ -370,7 +402,7 @@ func LoadHistoryBefore(ctx context.Context, db Executor, conversationID string, 
 	rows, err := db.Query(ctx, `
 		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.conversation_id = $1 AND m.seq < $2 AND (o.id IS NULL OR o.status IN ('done', 'error'))
+		WHERE m.conversation_id = $1 AND m.seq < $2 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
 		ORDER BY m.seq DESC LIMIT $3`, conversationID, beforeSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("load history: %w", err)

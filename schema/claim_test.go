@@ -119,7 +119,7 @@ func TestClaimTakesExactlyThePendingRowsAndTheLease(t *testing.T) {
 
 	out, err := b.finalize(t, c, "run-1")
 	require.NoError(t, err)
-	require.Equal(t, schema.ReplyMessageID(c.TurnID), out.MessageID)
+	require.Equal(t, c.ReplyID(), out.MessageID)
 	require.Equal(t, []string{"done", "done", "pending"}, b.statuses(t, "c"))
 
 	var runID *string

@@ -176,6 +176,19 @@ func DeleteConversation(ctx context.Context, db Executor, ownerID int64, id stri
 	return key, err
 }
 
+// DeleteEmptyConversation deletes ownerID's conversation of the given id
+// when it holds no message, and reports whether it did: a caller that
+// created it for a message that was then refused leaves nothing behind.
+func DeleteEmptyConversation(ctx context.Context, db Executor, ownerID int64, id string) (bool, error) {
+	tag, err := db.Exec(ctx, `
+		DELETE FROM conversations c WHERE c.owner_id = $1 AND c.public_id = $2
+		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)`, ownerID, id)
+	if err != nil {
+		return false, fmt.Errorf("delete empty conversation: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // MarkRead resets the unread count of a conversation.
 func MarkRead(ctx context.Context, db Executor, ownerID int64, id string) error {
 	tag, err := db.Exec(ctx, `UPDATE conversations SET unread_count = 0 WHERE owner_id = $1 AND public_id = $2`, ownerID, id)

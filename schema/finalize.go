@@ -2,8 +2,11 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Finalize is the end of a successful turn.
@@ -12,10 +15,17 @@ type Finalize struct {
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
+	// Generation is the claim's (Claim.Generation): the reply's ID is
+	// ReplyID(OutboxIDs, Generation).
+	Generation int
 	// Content of the assistant reply.
 	Content string
 	// Truncated marks a reply the model cut off.
 	Truncated bool
+	// Stopped marks a reply that a stop ended: Content is what the run had
+	// written by then. A run that was asked to stop (StopTx) is finalized
+	// as stopped whatever this says, and never superseded.
+	Stopped bool
 	// SupersedeIfNewer hands the turn back instead (SupersedeTx) when a
 	// newer message of the conversation is pending and the run started
 	// no write: the next turn answers them together.
@@ -31,6 +41,9 @@ type Finalized struct {
 	// Superseded is set when, instead of the reply, the turn was handed
 	// back for a newer message (Finalize.SupersedeIfNewer).
 	Superseded bool
+	// Stopped is set when the reply was committed as stopped: asked for
+	// (Finalize.Stopped) or because the run had been asked to stop.
+	Stopped bool
 }
 
 // FinalizeTx ends a turn in the caller's transaction, all or nothing: the
@@ -44,20 +57,26 @@ type Finalized struct {
 // mid-turn fails the reply's foreign key: ErrConversationDeleted, which is a
 // cancellation.
 func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error) {
-	if f.SupersedeIfNewer {
+	if !f.Stopped {
+		var err error
+		if f.Stopped, err = stopRequested(ctx, tx, f.ConversationID, f.RunID); err != nil {
+			return Finalized{}, err
+		}
+	}
+	if f.SupersedeIfNewer && !f.Stopped {
 		superseded, err := SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
 		if err != nil || superseded {
 			return Finalized{Superseded: superseded}, err
 		}
 	}
-	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
+	out := Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Stopped: f.Stopped}
 	// The reply goes first, as the reference has it: its foreign key is
 	// what notices a deleted conversation, and it takes the key-share lock
 	// that keeps the conversation from being deleted until commit.
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content, truncated, run_id, turn_id)
-		VALUES ($1, $2, 'assistant', $3, $4, $5, $6)`,
-		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.RunID, f.TurnID); err != nil {
+		INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
+		VALUES ($1, $2, 'assistant', $3, $4, $5, $6, $7)`,
+		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.Stopped, f.RunID, f.TurnID); err != nil {
 		switch {
 		case IsForeignKeyViolation(err):
 			return Finalized{}, ErrConversationDeleted
@@ -72,7 +91,8 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 		return Finalized{}, err
 	}
 	tag, err := tx.Exec(ctx, `
-		UPDATE operations p SET message_id = $1 FROM (SELECT $2::text AS run_id, $3::text AS conversation_id, $4::text AS turn_id) req
+		UPDATE operations p SET message_id = $1, `+notSentSQL+`
+		FROM (SELECT $2::text AS run_id, $3::text AS conversation_id, $4::text AS turn_id) req
 		WHERE p.message_id IS NULL AND (p.run_id = req.run_id OR p.run_id IN (`+stoppedRunsSQL+`))`,
 		out.MessageID, f.RunID, f.ConversationID, f.TurnID)
 	if err != nil {
@@ -87,10 +107,34 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 	return out, nil
 }
 
+// stopRequested locks the conversation and reports whether the run that
+// holds it was asked to stop (StopTx): read under the lock, a stop
+// committed before it is seen.
+func stopRequested(ctx context.Context, tx Executor, conversationID, runID string) (bool, error) {
+	var stop bool
+	err := tx.QueryRow(ctx, `
+		SELECT coalesce(stop_run_id = run_id, false) FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`,
+		conversationID, runID).Scan(&stop)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, ownershipError(ctx, tx, conversationID)
+	}
+	if err != nil {
+		return false, fmt.Errorf("finalize: read the run's stop: %w", err)
+	}
+	return stop, nil
+}
+
 // stoppedRunsSQL selects the runs of the turn req.turn_id in
 // req.conversation_id that stopped for an approval: the turn's reply
 // carries their operations too.
 const stoppedRunsSQL = `SELECT a.run_id FROM approvals a WHERE a.conversation_id = req.conversation_id AND a.turn_id = req.turn_id`
+
+// notSentSQL settles, as the reply takes them, the calls of the turn that
+// still wait for approval: the turn ended without sending them (it was
+// stopped before the approved call left), and nothing sends them later.
+const notSentSQL = `status = CASE WHEN p.status = 'awaiting_approval' THEN 'denied' ELSE p.status END,
+	error = CASE WHEN p.status = 'awaiting_approval' THEN 'not sent: its turn ended first' ELSE p.error END,
+	finished_at = CASE WHEN p.status = 'awaiting_approval' THEN now() ELSE p.finished_at END`
 
 // releaseTx releases a run's conversation and moves its claimed rows to
 // status, fenced by the run ID: when the conversation is no longer owned by

@@ -14,7 +14,7 @@ import (
 // between after the first commit. A worker that dies there leaves done rows
 // without a reply, which the harness must report.
 func FinalizeSplit(ctx context.Context, db Beginner, f Finalize, between func()) (Finalized, error) {
-	out := Finalized{MessageID: ReplyMessageID(f.TurnID)}
+	out := Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation)}
 	if _, err := db.Exec(ctx, `
 		UPDATE agent_outbox SET status = 'done', processed_at = now()
 		WHERE id = ANY($1) AND run_id = $2 AND status = 'processing'`, f.OutboxIDs, f.RunID); err != nil {

@@ -15,23 +15,29 @@ import (
 
 // RenewLease extends a run's lease. It returns ErrLeaseLost when the run no
 // longer owns the conversation, and ErrConversationDeleted when the
-// conversation is gone.
+// conversation is gone. When the run was asked to stop (StopTx), the lease
+// is renewed and the error is ErrStopRequested, with the new expiry: the
+// run ends stopped, and a worker that missed the notice learns it here.
 func RenewLease(ctx context.Context, db Executor, conversationID, runID string, lease time.Duration) (time.Time, error) {
 	var until time.Time
+	var stop bool
 	err := db.QueryRow(ctx, `
 		WITH lease AS (
 			UPDATE conversations SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
 			WHERE id = $1 AND run_id = $2
-			RETURNING lease_expires_at),
+			RETURNING lease_expires_at, coalesce(stop_run_id = run_id, false) AS stop),
 		run AS (
 			UPDATE agent_runs SET lease_expires_at = (SELECT lease_expires_at FROM lease)
 			WHERE id = $2 AND EXISTS (SELECT 1 FROM lease))
-		SELECT lease_expires_at FROM lease`, conversationID, runID, lease.Seconds()).Scan(&until)
+		SELECT lease_expires_at, stop FROM lease`, conversationID, runID, lease.Seconds()).Scan(&until, &stop)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, ownershipError(ctx, db, conversationID)
 	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew lease: %w", err)
+	}
+	if stop {
+		return until, ErrStopRequested
 	}
 	return until, nil
 }

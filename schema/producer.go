@@ -31,6 +31,10 @@ type Message struct {
 	Seq int64 `json:"seq"`
 	// Truncated marks a reply the model cut off before its end.
 	Truncated bool `json:"truncated,omitempty"`
+	// Stopped marks a reply that a stop ended: what the run had written.
+	Stopped bool `json:"stopped,omitempty"`
+	// Superseded marks a reply that a regenerated one replaced.
+	Superseded bool `json:"superseded,omitempty"`
 }
 
 // UserMessage is what a producer writes: whose it is, the owner's ids of
@@ -107,7 +111,8 @@ const (
 
 // ListMessages returns up to limit messages of ownerID's conversation with
 // the given id, oldest first, after the message whose Seq is after (0 for
-// the start), each user message with its outbox status. The last
+// the start), each user message with its outbox status (or "stopped",
+// for one a stop settled before a turn answered it). The last
 // message's Seq is the cursor of the next page.
 func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after int64, limit int) ([]Message, error) {
 	c, err := GetConversation(ctx, db, ownerID, conversationID)
@@ -115,7 +120,8 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq, o.status, m.truncated
+		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq,
+			CASE WHEN o.stopped_at IS NOT NULL THEN 'stopped' ELSE o.status END, m.truncated, m.stopped, m.superseded_at IS NOT NULL
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
 		ORDER BY m.seq
@@ -127,7 +133,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 	out := []Message{}
 	for rows.Next() {
 		msg := Message{ConversationID: conversationID}
-		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated); err != nil {
+		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated, &msg.Stopped, &msg.Superseded); err != nil {
 			return nil, err
 		}
 		out = append(out, msg)

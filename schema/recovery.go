@@ -20,6 +20,10 @@ const (
 	// RecoveryNone: the run had nothing left to recover; another worker
 	// got there first.
 	RecoveryNone = "none"
+	// RecoveryStopped: the run had been asked to stop (StopTx); its turn
+	// ended stopped, with an empty reply (what it had written died with
+	// it), and is never retried.
+	RecoveryStopped = "stopped"
 )
 
 // Recovery is what recovering one run did.
@@ -35,6 +39,10 @@ type Recovery struct {
 	FailedIDs []int64
 	// ErrorMessageID is the visible error of a RecoveryFailed run.
 	ErrorMessageID string
+	// StoppedIDs are the rows of a RecoveryStopped run, done, and
+	// ReplyID its stopped reply.
+	StoppedIDs []int64
+	ReplyID    string
 }
 
 // RecoverExpiredTx recovers up to limit runs whose conversation lease has
@@ -112,19 +120,38 @@ const (
 //     effect, and a started write may have happened;
 //   - rows already at the attempt cap: they fail too, or a turn that kills
 //     its worker every time would loop forever.
+//
+// A run that was asked to stop (StopTx) is settled as stopped instead,
+// whatever it did: its rows are done with an empty stopped reply, and
+// nothing of it runs again, a started write least of all.
 func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int, reason string) (Recovery, error) {
 	r := Recovery{ConversationID: conversationID, RunID: runID}
 	var outboxIDs []int64
 	var writes []string
+	var stop bool
+	var generation int
 	err := tx.QueryRow(ctx, `
 		SELECT r.turn_id, r.outbox_ids,
-			COALESCE((SELECT array_agg(o.tool ORDER BY o.id) FROM operations o WHERE o.run_id = r.id AND o.effect = 'write'), '{}')
-		FROM agent_runs r WHERE r.id = $1`, runID).Scan(&r.TurnID, &outboxIDs, &writes)
+			COALESCE((SELECT array_agg(o.tool ORDER BY o.id) FROM operations o WHERE o.run_id = r.id AND o.effect = 'write'), '{}'),
+			EXISTS (SELECT 1 FROM conversations c WHERE c.id = $2 AND c.stop_run_id = r.id),
+			(SELECT COALESCE(max(o.generation), 0) FROM agent_outbox o WHERE o.id = ANY(r.outbox_ids))
+		FROM agent_runs r WHERE r.id = $1`, runID, conversationID).Scan(&r.TurnID, &outboxIDs, &writes, &stop, &generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, fmt.Errorf("recover: run %s owns conversation %q but has no agent_runs row", runID, conversationID)
 	}
 	if err != nil {
 		return r, fmt.Errorf("recover: read run: %w", err)
+	}
+	if stop {
+		out, err := FinalizeTx(ctx, tx, Finalize{
+			ConversationID: conversationID, RunID: runID, TurnID: r.TurnID, OutboxIDs: outboxIDs,
+			Generation: generation, Stopped: true,
+		})
+		if err != nil {
+			return r, fmt.Errorf("recover stopped run %s: %w", runID, err)
+		}
+		r.Outcome, r.StoppedIDs, r.ReplyID = RecoveryStopped, outboxIDs, out.MessageID
+		return r, nil
 	}
 	var attempts int
 	if err := tx.QueryRow(ctx, `

@@ -186,7 +186,12 @@ func TestAWorkerTakesItsSessionAgainOnlyOnceItsPreviousConnectionIsGone(t *testi
 	took, err := schema.TakeWorkerSession(context.Background(), conn, old.id)
 	require.NoError(t, err)
 	require.False(t, took, "the previous connection still holds the session")
-	old.close(t)
+	// The server ends the previous connection, and says when its backend
+	// is gone (a client's close returns before the backend has exited and
+	// let its locks go).
+	var ended bool
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT pg_terminate_backend($1, 10000)`, old.conn.PgConn().PID()).Scan(&ended))
+	require.True(t, ended, "the previous connection's backend ended within 10 s")
 	took, err = schema.TakeWorkerSession(context.Background(), conn, old.id)
 	require.NoError(t, err)
 	require.True(t, took, "once it is gone, the session is taken again")

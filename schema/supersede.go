@@ -15,18 +15,24 @@ import (
 // the run is recorded as superseded. It does so only while the run owns
 // the conversation and started no write (a side effect may have happened:
 // that turn must end with its own reply or error) and, with onlyIfNewer,
-// only when a newer message is pending; it reports whether it did.
+// only when a newer message is pending; it reports whether it did. A run
+// that was asked to stop is never handed back: ErrStopRequested, and the
+// caller ends it stopped.
 func SupersedeTx(ctx context.Context, tx Executor, conversationID, runID string, outboxIDs []int64, onlyIfNewer bool) (bool, error) {
-	var ok bool
+	var ok, stop bool
 	err := tx.QueryRow(ctx, `
 		SELECT NOT EXISTS (SELECT 1 FROM operations WHERE run_id = $2 AND effect = 'write')
-			AND (NOT $3 OR EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending'))
-		FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`, conversationID, runID, onlyIfNewer).Scan(&ok)
+			AND (NOT $3 OR EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending')),
+			coalesce(stop_run_id = run_id, false)
+		FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`, conversationID, runID, onlyIfNewer).Scan(&ok, &stop)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, ownershipError(ctx, tx, conversationID)
 	}
 	if err != nil {
 		return false, fmt.Errorf("supersede: %w", err)
+	}
+	if stop {
+		return false, ErrStopRequested
 	}
 	if !ok {
 		return false, nil

@@ -58,12 +58,13 @@ turn AS (
 claimed AS (
 	UPDATE agent_outbox o SET status = 'processing', attempts = o.attempts + 1, run_id = t.run_id
 	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
-	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent),
+	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation),
 agg AS (
 	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
 		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
-		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id), 'UTF8')), 'hex'), 32) AS turn_id,
-		max(attempts) AS attempts, min(created_at) AS first_created_at
+		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id)
+			|| CASE WHEN max(generation) > 0 THEN '#' || max(generation) ELSE '' END, 'UTF8')), 'hex'), 32) AS turn_id,
+		max(attempts) AS attempts, max(generation) AS generation, min(created_at) AS first_created_at
 	FROM claimed GROUP BY conversation_id),
 lease AS (
 	UPDATE conversations c
@@ -78,7 +79,7 @@ run AS (
 	RETURNING conversation_id, lease_expires_at)
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id), conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false),
 	conv.not_before, coalesce(conv.waiting, false), coalesce(conv.parked, false),
-	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.first_created_at, run.lease_expires_at,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
@@ -86,7 +87,7 @@ SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x
 	(SELECT json_agg(h ORDER BY h.seq) FROM (
 		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.conversation_id = r.conversation_id AND (o.id IS NULL OR o.status IN ('done', 'error')) AND agg.ids IS NOT NULL
+		WHERE m.conversation_id = r.conversation_id AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL AND agg.ids IS NOT NULL
 		ORDER BY m.seq DESC LIMIT $6) h)
 FROM req r
 LEFT JOIN conv ON conv.id = r.conversation_id
@@ -240,7 +241,7 @@ type claimRow struct {
 	ids                      []int64
 	traceParents             []string
 	turnID                   *string
-	attempts                 *int
+	attempts, generation     *int
 	firstCreated, leaseUntil *time.Time
 	pending                  int64
 	messages, history        []byte
@@ -277,7 +278,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 		var ord int64
 		var r claimRow
 		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.notBefore, &r.waiting, &r.parked,
-			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.firstCreated, &r.leaseUntil,
+			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.firstCreated, &r.leaseUntil,
 			&r.pending, &r.messages, &r.history); err != nil {
 			return nil, err
 		}
@@ -323,7 +324,7 @@ func (r claimRow) result(ctx context.Context, db Beginner, p ClaimParams, histor
 	if len(r.ids) == 0 {
 		return ClaimResult{Claim: c}
 	}
-	c.OutboxIDs, c.TurnID, c.Attempts = r.ids, *r.turnID, *r.attempts
+	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation = r.ids, *r.turnID, *r.attempts, *r.generation
 	for _, tp := range r.traceParents {
 		if tp != "" {
 			c.TraceParents = append(c.TraceParents, tp)
@@ -375,19 +376,25 @@ func claimRecovering(ctx context.Context, db Beginner, p ClaimParams, historyLim
 // processing for it. Unless its fence holds, nothing is written for a turn,
 // and its row says which part failed; the other turns commit regardless.
 const finalizeSQL = `
-WITH req AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[]) WITH ORDINALITY
-		AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, ord)),
+WITH asked AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, ord)),
 ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
 owner AS (
-	SELECT c.id, c.run_id FROM conversations c
+	SELECT c.id, c.run_id, c.stop_run_id FROM conversations c
 	WHERE c.id = ANY($1) AND c.run_id = ANY($2) ORDER BY c.id FOR NO KEY UPDATE),
+req AS (
+	-- A run that was asked to stop (read from the locked row, as the stop
+	-- left it) ends stopped, never superseded.
+	SELECT r.conversation_id, r.run_id, r.message_id, r.turn_id, r.content, r.truncated, r.supersede_if_newer,
+		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, r.ord
+	FROM asked r LEFT JOIN owner o ON o.id = r.conversation_id AND o.run_id = r.run_id),
 held AS (
 	SELECT i.run_id, bool_and(o.id IS NOT NULL) AS all_held FROM ids i
 	LEFT JOIN agent_outbox o ON o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
 	GROUP BY i.run_id),
 newer AS (
-	SELECT r.run_id, r.supersede_if_newer
+	SELECT r.run_id, r.supersede_if_newer AND NOT r.stopped
 		AND EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = r.conversation_id AND o.status = 'pending')
 		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.run_id = r.run_id AND p.effect = 'write') AS found
 	FROM req r),
@@ -398,10 +405,10 @@ fence AS (
 	JOIN newer ON newer.run_id = r.run_id
 	WHERE held.all_held AND NOT newer.found),
 reply AS (
-	INSERT INTO messages (id, conversation_id, role, content, truncated, run_id, turn_id)
-	SELECT message_id, conversation_id, 'assistant', content, truncated, run_id, turn_id FROM fence
+	INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
+	SELECT message_id, conversation_id, 'assistant', content, truncated, stopped, run_id, turn_id FROM fence
 	ON CONFLICT (id) DO NOTHING
-	RETURNING id, conversation_id, run_id),
+	RETURNING id, conversation_id, run_id, stopped),
 done AS (
 	UPDATE agent_outbox o SET status = 'done', processed_at = now()
 	FROM ids i JOIN reply ON reply.run_id = i.run_id
@@ -414,7 +421,8 @@ conv AS (
 	FROM reply WHERE c.id = reply.conversation_id
 	RETURNING 1),
 ops AS (
-	UPDATE operations p SET message_id = reply.id FROM reply JOIN req ON req.run_id = reply.run_id
+	UPDATE operations p SET message_id = reply.id, ` + notSentSQL + `
+	FROM reply JOIN req ON req.run_id = reply.run_id
 	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `))
 	RETURNING reply.run_id),
 run AS (
@@ -423,7 +431,7 @@ run AS (
 	RETURNING 1)
 SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),
 	coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
-	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id)
+	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false)
 FROM req r
 LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
 LEFT JOIN held ON held.run_id = r.run_id
@@ -480,7 +488,7 @@ func finalizeTurns(ctx context.Context, db Beginner, fs []Finalize, skipLocked b
 	out := make([]FinalizeResult, len(fs))
 	n := len(fs)
 	convs, runs, msgIDs, turnIDs, contents := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	truncated, supersede := make([]bool, n), make([]bool, n)
+	truncated, supersede, stopped := make([]bool, n), make([]bool, n), make([]bool, n)
 	var ids []int64
 	var idRuns []string
 	seen := make(map[string]bool, n)
@@ -492,8 +500,8 @@ func finalizeTurns(ctx context.Context, db Beginner, fs []Finalize, skipLocked b
 			run = ""
 		}
 		seen[f.RunID] = true
-		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, run, ReplyMessageID(f.TurnID), f.TurnID, f.Content
-		truncated[i], supersede[i] = f.Truncated, f.SupersedeIfNewer
+		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, run, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content
+		truncated[i], supersede[i], stopped[i] = f.Truncated, f.SupersedeIfNewer, f.Stopped
 		for _, id := range f.OutboxIDs {
 			ids, idRuns = append(ids, id), append(idRuns, run)
 		}
@@ -502,17 +510,17 @@ func finalizeTurns(ctx context.Context, db Beginner, fs []Finalize, skipLocked b
 	if skipLocked {
 		query = finalizeNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns)
+	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped)
 	type row struct {
-		owned, ownedInSnapshot, allHeld, newer, replied bool
-		operations                                      int64
+		owned, ownedInSnapshot, allHeld, newer, replied, stopped bool
+		operations                                               int64
 	}
 	got := make([]row, n)
 	if err == nil {
 		for rows.Next() {
 			var ord int64
 			var r row
-			if err = rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations); err != nil {
+			if err = rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped); err != nil {
 				break
 			}
 			if ord < 1 || ord > int64(n) {
@@ -564,7 +572,7 @@ func finalizeTurns(ctx context.Context, db Beginner, fs []Finalize, skipLocked b
 			// them.
 			out[i].Err = fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
 		default:
-			out[i].Finalized = Finalized{MessageID: ReplyMessageID(f.TurnID), Operations: r.operations}
+			out[i].Finalized = Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Operations: r.operations, Stopped: r.stopped}
 		}
 	}
 	return out
@@ -582,6 +590,10 @@ func supersedeOrFinalize(ctx context.Context, db Beginner, f Finalize) FinalizeR
 		return err
 	})
 	switch {
+	case errors.Is(err, ErrStopRequested):
+		// Asked to stop since the finalize statement looked: it ends
+		// stopped, with its reply.
+		f.Stopped = true
 	case err != nil:
 		return FinalizeResult{Err: err}
 	case superseded:

@@ -68,7 +68,7 @@ func TestClaimTurnAndFinalizeTurnMatchTheTransactionsInOneStatementEach(t *testi
 	out, err := schema.FinalizeTurn(ctx, pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-1", TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "answer 2", Truncated: true})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tracer.n.Load(), "finalize is one statement")
-	require.Equal(t, schema.ReplyMessageID(c.TurnID), out.MessageID)
+	require.Equal(t, c.ReplyID(), out.MessageID)
 	require.Equal(t, []string{"done", "done", "done"}, b.statuses(t, "c"))
 	var runID *string
 	var unread int

@@ -14,8 +14,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/batonhq/baton/internal/testenv"
 )
 
 // ToolCall is a tool call a scripted response makes.
@@ -72,6 +75,25 @@ type Response struct {
 	// as a model that writes slowly does, so that a client can watch the
 	// reply grow.
 	ChunkDelay time.Duration
+	// ByWord, for a streamed answer, makes each content chunk one word
+	// with the spaces after it, instead of ChunkSize runes.
+	ByWord bool
+}
+
+// Steady is the answer of a slow model that streams steadily: words
+// numbered from one ("w1 w2 w3 ..."), one chunk each, every interval, so
+// that a test can stop, reload or restart things mid-reply (WaitChunks
+// tells how far it got) and tell exactly which part of the reply a client
+// shows.
+func Steady(words int, every time.Duration) Response {
+	var b strings.Builder
+	for i := 1; i <= words; i++ {
+		if i > 1 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "w%d", i)
+	}
+	return Response{Content: b.String(), ByWord: true, ChunkDelay: every}
 }
 
 // Message is a message of a recorded request.
@@ -133,6 +155,22 @@ type Server struct {
 	requests []Request
 	count    int
 	arrived  chan struct{}
+
+	// chunks counts the content chunks sent in all; sent is signalled at
+	// each.
+	chunks atomic.Int64
+	sent   testenv.Signal
+}
+
+// Chunks is how many content chunks the server has sent, over all
+// requests.
+func (s *Server) Chunks() int64 { return s.chunks.Load() }
+
+// WaitChunks waits until the server has sent at least n content chunks in
+// all, and fails t after timeout.
+func (s *Server) WaitChunks(t testing.TB, n int64, timeout time.Duration) {
+	t.Helper()
+	testenv.WaitFor(t, &s.sent, timeout, func() bool { return s.chunks.Load() >= n }, "the model to stream %d chunks (it sent %d)", n, s.chunks.Load())
 }
 
 // Responder answers request n (from 0) from what it holds.
@@ -307,8 +345,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, res Response, fi
 	if size <= 0 {
 		size = 3
 	}
-	runes := []rune(res.Content)
-	for i, n := 0, 0; i < len(runes); i, n = i+size, n+1 {
+	for n, chunk := range chunks(res.Content, size, res.ByWord) {
 		if res.CutAfter > 0 && n == res.CutAfter {
 			panic(http.ErrAbortHandler)
 		}
@@ -328,7 +365,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, res Response, fi
 				return
 			}
 		}
-		send(map[string]any{"content": string(runes[i:min(i+size, len(runes))])}, "")
+		send(map[string]any{"content": chunk}, "")
+		s.chunks.Add(1)
+		s.sent.Notify()
 	}
 	for i, c := range res.ToolCalls {
 		first := map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": ""}}
@@ -349,6 +388,31 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, res Response, fi
 	send(map[string]any{}, finish)
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	flusher.Flush()
+}
+
+// chunks cuts content into the pieces a stream sends: size runes each,
+// or, byWord, one word with the spaces after it each.
+func chunks(content string, size int, byWord bool) []string {
+	var out []string
+	if byWord {
+		for len(content) > 0 {
+			end := strings.IndexByte(strings.TrimLeft(content, " "), ' ')
+			if end < 0 {
+				return append(out, content)
+			}
+			end += len(content) - len(strings.TrimLeft(content, " "))
+			for end < len(content) && content[end] == ' ' {
+				end++
+			}
+			out, content = append(out, content[:end]), content[end:]
+		}
+		return out
+	}
+	runes := []rune(content)
+	for i := 0; i < len(runes); i += size {
+		out = append(out, string(runes[i:min(i+size, len(runes))]))
+	}
+	return out
 }
 
 func split(s string, n int) []string {

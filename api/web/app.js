@@ -125,7 +125,7 @@ function render() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   box.innerHTML = "";
   const known = new Set(messages.map((m) => m.id));
-  for (const m of messages) box.append(bubble(m.role, m.content, m.role === "user" ? m.status : m.truncated ? "cut off: the model stopped before the end" : "", m.id));
+  for (const m of messages) box.append(bubble(m.role, m.content, metaOf(m), m.id));
   for (const u of unsent().filter((u) => u.cid === current && !known.has(u.id))) {
     const el = bubble("user", u.content, u.rejected ? "not sent: " + u.rejected : "not sent yet", u.id);
     el.classList.add(u.rejected ? "rejected" : "unsent");
@@ -138,6 +138,16 @@ function render() {
   if (!messages.length && !box.children.length) box.innerHTML = '<p class="empty">No messages yet.</p>';
   if (atBottom) box.scrollTop = box.scrollHeight;
   renderState();
+}
+
+// metaOf is the note under a message: a user message's status, or how a
+// reply ended when that is worth saying.
+function metaOf(m) {
+  if (m.role === "user") return m.status;
+  if (m.superseded) return "replaced by a regenerated reply";
+  if (m.stopped) return "stopped";
+  if (m.truncated) return "cut off: the model stopped before the end";
+  return "";
 }
 
 function bubble(role, text, meta, id) {
@@ -164,7 +174,14 @@ function renderState() {
     for (const a of approvals) st.append(approvalBox(a));
     if (!approvals.length) st.textContent = "waiting for an approval";
   }
-  else if (conv.turn_state === "failed") {
+  if (["processing", "pending", "waiting", "waiting_for_approval"].includes(conv.turn_state)) {
+    // Stop is durable: the server commits it, then tells the worker; the
+    // reply so far stays, marked stopped. A call that waits for approval
+    // is denied and never sent.
+    const b = document.createElement("button"); b.id = "stop"; b.type = "button"; b.textContent = "Stop";
+    b.onclick = async () => { b.disabled = true; try { await api("POST", convPath(current) + "/stop"); } catch (e) {} refresh(); };
+    st.append(" ", b);
+  } else if (conv.turn_state === "failed") {
     st.innerHTML = '<span id="failed">The last turn failed. </span>';
     const b = document.createElement("button"); b.id = "retry"; b.type = "button"; b.textContent = "Retry";
     b.onclick = async () => { b.disabled = true; try { await api("POST", convPath(current) + "/retry"); } catch (e) {} refresh(); };
@@ -210,7 +227,7 @@ function connect() {
     if (cid !== current) return;
     let d = {}; try { d = JSON.parse(ev.data); } catch (e) {}
     if (d.type === "deleted") { gone(); loadConversations(); return; }
-    if (d.type === "replied" || d.type === "failed" || d.type === "cancelled") streaming = null;
+    if (["replied", "failed", "cancelled", "stopped"].includes(d.type)) streaming = null;
     refresh(); loadConversations();
   };
   es.onmessage = onState;

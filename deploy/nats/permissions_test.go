@@ -56,6 +56,7 @@ func TestShippedClusterGivesEachComponentWhatItNeedsAndNoMore(t *testing.T) {
 		{"api owns the events stream", checkAPIOwnsTheEventsStream},
 		{"worker runs turns", checkWorkerRunsTurns},
 		{"live deltas and events reach the api", checkLiveAndEventsReachTheAPI},
+		{"stop notices and snapshot requests reach the worker", checkStopsAndSnapshotsReachTheWorker},
 		{"group owns its durable", checkGroupOwnsItsDurable},
 		{"replay resets a group", checkReplayResetsAGroup},
 		{"status reads", checkStatusReads},
@@ -85,8 +86,11 @@ func TestMutatedAccountsFileFailsTheChecks(t *testing.T) {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		if f == "accounts.conf" {
-			// The worker loses the acknowledgement of its triggers.
-			b = mutate(t, b, "$BATON_NATS_NKEY_WORKER", `"$JS.ACK.BATON_OUTBOX.turns.>"`, "")
+			// The worker loses the pulling of its triggers. (Not their
+			// acknowledgement: the worker may answer what it receives,
+			// allow_responses, for the API's snapshot requests, and an
+			// acknowledgement is an answer to a pulled message.)
+			b = mutate(t, b, "$BATON_NATS_NKEY_WORKER", `"$JS.API.CONSUMER.MSG.NEXT.BATON_OUTBOX.turns"`, "")
 			// The api may publish on every Baton subject.
 			b = mutate(t, b, "$BATON_NATS_NKEY_API", `"baton.events.>"`, `"baton.>"`)
 		}
@@ -99,8 +103,8 @@ func TestMutatedAccountsFileFailsTheChecks(t *testing.T) {
 	require.NoError(t, checkRelayOwnsTheOutboxStream(ctx, c), "what the mutation did not touch still works")
 	require.NoError(t, checkAPIOwnsTheEventsStream(ctx, c), "what the mutation did not touch still works")
 	err := checkWorkerRunsTurns(ctx, c)
-	require.ErrorContains(t, err, "refused by the server", "without its ack permission the worker check must fail")
-	require.ErrorContains(t, err, "$JS.ACK.BATON_OUTBOX.turns")
+	require.ErrorContains(t, err, "refused by the server", "without its pull permission the worker check must fail")
+	require.ErrorContains(t, err, "$JS.API.CONSUMER.MSG.NEXT.BATON_OUTBOX.turns")
 	err = checkAPICannotPublishTriggers(ctx, c)
 	require.ErrorContains(t, err, "want a permissions violation", "with baton.> the api check must fail")
 }
@@ -258,6 +262,50 @@ func checkWorkerRunsTurns(ctx context.Context, c *cluster) error {
 		return err
 	}
 	return fetchAndAck(ctx, worker, "worker", cons)
+}
+
+// checkStopsAndSnapshotsReachTheWorker: the API tells the worker of a
+// stop, and asks it for a running reply's snapshot, which the worker
+// answers.
+func checkStopsAndSnapshotsReachTheWorker(ctx context.Context, c *cluster) error {
+	node := c.Servers[0].ClientURL()
+	api, err := c.dialAt("api", node)
+	if err != nil {
+		return err
+	}
+	defer api.nc.Close()
+	worker, err := c.dialAt("worker", node)
+	if err != nil {
+		return err
+	}
+	defer worker.nc.Close()
+	stops := make(chan *nats.Msg, 1)
+	if err := worker.allowed(ctx, "worker hears stop notices and snapshot requests", func(context.Context) error {
+		if _, err := worker.nc.ChanSubscribe(batonnats.StopPrefix+".>", stops); err != nil {
+			return err
+		}
+		_, err := worker.nc.Subscribe(batonnats.SnapshotPrefix+".>", func(m *nats.Msg) { _ = m.Respond([]byte(`{"run_id":"run_1","seq":0,"parts":[]}`)) })
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := api.allowed(ctx, "api tells of a stop", func(context.Context) error {
+		return api.nc.Publish(batonnats.StopSubject(conversation, "run_1"), nil)
+	}); err != nil {
+		return err
+	}
+	select {
+	case <-stops:
+	case <-time.After(10 * time.Second):
+		return errors.New("the api's stop notice did not reach the worker within 10s")
+	}
+	return api.allowed(ctx, "api asks the worker for a snapshot", func(ctx context.Context) error {
+		m, err := api.nc.RequestWithContext(ctx, batonnats.SnapshotSubject(conversation, "run_1"), nil)
+		if err == nil && !strings.Contains(string(m.Data), "run_1") {
+			err = fmt.Errorf("the snapshot answer is %q", m.Data)
+		}
+		return err
+	})
 }
 
 func checkLiveAndEventsReachTheAPI(ctx context.Context, c *cluster) error {

@@ -192,6 +192,51 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	})
 	require.NoError(t, schema.MarkRun(ctx, worker, "run_3", "abandoned", "lost its lease"), "MarkRun as baton_worker")
 
+	// A stop (the API), noticed at the renewal and finalized stopped (the
+	// worker); the chat reads of the API; a regenerate (the API), whose
+	// turn is stopped and recovered stopped (the worker).
+	send("m3")
+	claimAs("run_4")
+	inTx(t, api, "StopTx as baton_api", func(tx pgx.Tx) error {
+		_, err := schema.StopTx(ctx, tx, user.ID, "demo")
+		return err
+	})
+	_, err = schema.RenewLease(ctx, worker, conv.Key, "run_4", time.Minute)
+	require.ErrorIs(t, err, schema.ErrStopRequested, "RenewLease as baton_worker sees the stop")
+	stopped, err := schema.FinalizeTurn(ctx, worker, schema.Finalize{
+		ConversationID: conv.Key, RunID: "run_4", TurnID: claim.TurnID, OutboxIDs: claim.OutboxIDs, Content: "partial", Stopped: true,
+	})
+	require.NoError(t, err, "FinalizeTurn of a stopped turn as baton_worker")
+	require.True(t, stopped.Stopped)
+	row, err := schema.ReadRowTurn(ctx, api, conv.Key, claim.OutboxIDs[0])
+	require.NoError(t, err, "ReadRowTurn as baton_api")
+	require.Equal(t, stopped.MessageID, row.ReplyID)
+	_, err = schema.ChatReply(ctx, api, conv.Key, stopped.MessageID)
+	require.NoError(t, err, "ChatReply as baton_api")
+	_, _, err = schema.ChatHistory(ctx, api, user.ID, "demo", 0, 100)
+	require.NoError(t, err, "ChatHistory as baton_api")
+	_, _, err = schema.ActiveRow(ctx, api, conv.Key)
+	require.NoError(t, err, "ActiveRow as baton_api")
+	inTx(t, api, "RegenerateTx and AnnounceTx as baton_api", func(tx pgx.Tx) error {
+		g, err := schema.RegenerateTx(ctx, tx, schema.Regenerate{OwnerID: user.ID, ConversationID: "demo", MessageID: "m3", MaxPerHour: 10})
+		if err != nil {
+			return err
+		}
+		return schema.AnnounceTx(ctx, tx, batonnats.ReasonUserRetry, g.OutboxIDs)
+	})
+	claimAs("run_5")
+	inTx(t, api, "StopTx as baton_api", func(tx pgx.Tx) error {
+		_, err := schema.StopTx(ctx, tx, user.ID, "demo")
+		return err
+	})
+	inTx(t, worker, "recovery of a stopped run as baton_worker", func(tx pgx.Tx) error {
+		r, err := schema.RecoverRunTx(ctx, tx, conv.Key, "run_5", 3, "the worker shut down")
+		if err == nil && r.Outcome != schema.RecoveryStopped {
+			err = fmt.Errorf("recovered %s, want stopped", r.Outcome)
+		}
+		return err
+	})
+
 	// baton_relay: the sweeper, the announcements of a new slot, the
 	// heartbeat.
 	inTx(t, relayDB, "the relay's announcements as baton_relay", func(tx pgx.Tx) error {
@@ -233,7 +278,7 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	// baton_status: the whole report, without NATS.
 	report, err := status.Gather(ctx, statusDB, nil, status.Options{Slot: relay.DefaultSlot, Stream: batonnats.DefaultStream})
 	require.NoError(t, err, "baton status's report as baton_status")
-	require.Equal(t, int64(1), report.Outbox.ByStatus["done"])
+	require.Equal(t, int64(3), report.Outbox.ByStatus["done"])
 	require.Len(t, report.DeadLetters, 1)
 	require.NotContains(t, report.Errors, "tables", "the status role reads the table sizes and oldest rows")
 	require.NotEmpty(t, report.Tables)

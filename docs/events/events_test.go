@@ -405,6 +405,13 @@ func TestLiveDeltasAsPublishedMatchTheSchema(t *testing.T) {
 				{Type: batonnats.DeltaReset, Text: "He"},
 				{Type: batonnats.DeltaReset},
 				{Type: batonnats.DeltaText, Text: cid},
+				{Type: batonnats.DeltaToolInput, ToolCallID: "call_1", Tool: "lookup", Input: json.RawMessage(`{"text":"` + run + `"}`)},
+				{Type: batonnats.DeltaToolOutput, ToolCallID: "call_1", Text: "found"},
+				{Type: batonnats.DeltaToolOutput, ToolCallID: "call_1"},
+				{Type: batonnats.DeltaToolInput, ToolCallID: "call_2", Tool: "notify", Input: json.RawMessage(`{}`)},
+				{Type: batonnats.DeltaToolError, ToolCallID: "call_2"},
+				{Type: batonnats.DeltaToolInput, ToolCallID: "call_3", Tool: "mail__send", Input: json.RawMessage(`{"to":"bob"}`)},
+				{Type: batonnats.DeltaToolDenied, ToolCallID: "call_3"},
 				{Type: batonnats.DeltaDone},
 			} {
 				d.RunID, d.Seq = run, int64(i+1)
@@ -426,6 +433,10 @@ func TestLiveDeltasAsPublishedMatchTheSchema(t *testing.T) {
 		`{"run_id":"r","seq":1,"type":"delta","text":""}`,
 		`{"run_id":"r","seq":1,"type":"done","text":"x"}`,
 		`{"run_id":"r","seq":1.5,"type":"done"}`,
+		`{"run_id":"r","seq":1,"type":"tool_input","tool_call_id":"c","tool":"t"}`,
+		`{"run_id":"r","seq":1,"type":"tool_output","text":"x"}`,
+		`{"run_id":"r","seq":1,"type":"tool_error","tool_call_id":"c","text":"a cause"}`,
+		`{"run_id":"r","seq":1,"type":"delta","text":"x","tool_call_id":"c"}`,
 	} {
 		require.Error(t, events.Validate(events.KindLiveDelta, []byte(bad)), "%s must be refused", bad)
 	}
@@ -448,6 +459,7 @@ func TestSchemaRefusesWhatTheParsersRefuse(t *testing.T) {
 	for _, bad := range []string{
 		`not json`, `{"run_id":"r","seq":1,"type":"shout"}`, `{"run_id":"","seq":1,"type":"done"}`,
 		`{"run_id":"r","seq":0,"type":"done"}`, `{"seq":1,"type":"done"}`,
+		`{"run_id":"r","seq":1,"type":"tool_input","tool_call_id":"c","input":{}}`, `{"run_id":"r","seq":1,"type":"tool_output"}`,
 	} {
 		_, err := batonnats.ParseLiveDelta([]byte(bad))
 		require.Error(t, err, bad)
@@ -458,22 +470,45 @@ func TestSchemaRefusesWhatTheParsersRefuse(t *testing.T) {
 // A renamed, dropped or unknown field in a body Baton writes is refused.
 func TestSchemaRefusesRenamedDroppedOrUnknownFields(t *testing.T) {
 	t.Parallel()
-	full := map[string]any{
-		events.KindTrigger: batonnats.Trigger{OutboxID: 1, ConversationID: "c", MessageID: "m", CreatedAt: created, Reason: batonnats.ReasonRetry, Announcement: "a1"},
-		events.KindConversationEvent: batonnats.ConversationEvent{Type: batonnats.EventWaiting, ConversationID: "c", RunID: "r", TurnID: "t",
+	// The examples of a kind set every field between them (no live delta
+	// has both text and a tool call's input).
+	full := map[string][]any{
+		events.KindTrigger: {batonnats.Trigger{OutboxID: 1, ConversationID: "c", MessageID: "m", CreatedAt: created, Reason: batonnats.ReasonRetry, Announcement: "a1"}},
+		events.KindConversationEvent: {batonnats.ConversationEvent{Type: batonnats.EventWaiting, ConversationID: "c", RunID: "r", TurnID: "t",
 			MessageID: "m", OutboxIDs: []int64{1}, NotBefore: &created, At: created,
-			ApprovalID: "ap_1", Tool: "s__t", ExpiresAt: &created, Decision: "approved"},
-		events.KindLiveDelta: batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaText, Text: "x"},
+			ApprovalID: "ap_1", Tool: "s__t", ExpiresAt: &created, Decision: "approved"}},
+		events.KindLiveDelta: {
+			batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaText, Text: "x"},
+			batonnats.LiveDelta{RunID: "r", Seq: 2, Type: batonnats.DeltaToolInput, ToolCallID: "call_1", Tool: "clock", Input: json.RawMessage(`{"zone":"UTC"}`)},
+			batonnats.LiveDelta{RunID: "r", Seq: 3, Type: batonnats.DeltaToolError, ToolCallID: "call_1"},
+		},
 	}
 	for _, kind := range events.Kinds() {
-		data, err := json.Marshal(full[kind])
+		set := map[string]bool{}
+		for _, example := range full[kind] {
+			for _, field := range requireRefusesEdits(t, kind, example) {
+				set[field] = true
+			}
+		}
+		all, _ := jsonFields(goTypes[kind])
+		require.Len(t, set, len(all), "the %s examples set every field", kind)
+	}
+}
+
+// requireRefusesEdits checks that the body of example is valid and that
+// each of its fields renamed or of the wrong type, or an unknown field
+// added, is refused; it returns the fields the body has.
+func requireRefusesEdits(t *testing.T, kind string, example any) []string {
+	t.Helper()
+	{
+		data, err := json.Marshal(example)
 		require.NoError(t, err)
 		require.NoError(t, events.Validate(kind, data))
 		var body map[string]any
 		require.NoError(t, json.Unmarshal(data, &body))
-		all, _ := jsonFields(goTypes[kind])
-		require.Len(t, body, len(all), "the %s example sets every field", kind)
+		var fields []string
 		for field := range body {
+			fields = append(fields, field)
 			for _, renamed := range []string{field + "s", strings.ReplaceAll(field, "_", ""), strings.ToUpper(field[:1]) + field[1:]} {
 				if renamed == field {
 					continue // a one-word name has no underscore to drop
@@ -490,6 +525,7 @@ func TestSchemaRefusesRenamedDroppedOrUnknownFields(t *testing.T) {
 		edited := clone(body)
 		edited["extra"] = "x"
 		requireRefused(t, kind, edited, "an unknown field")
+		return fields
 	}
 }
 

@@ -38,6 +38,11 @@ func (r ModelRequest) LastUser() string {
 type ModelReply struct {
 	Chunks     []string
 	ChunkDelay time.Duration
+	// Sent, when set, is called as each chunk (its index) leaves the
+	// server, and Done as the answer ends, streamed answers only. Defaults
+	// to none.
+	Sent func(i int, at time.Time)
+	Done func(at time.Time)
 }
 
 // Model is an OpenAI-compatible model server for benchmarks: it answers
@@ -96,7 +101,7 @@ func (m *Model) handle(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	send(map[string]any{"role": "assistant", "content": ""}, nil)
-	for _, c := range reply.Chunks {
+	for i, c := range reply.Chunks {
 		if reply.ChunkDelay > 0 {
 			select {
 			case <-time.After(reply.ChunkDelay):
@@ -104,11 +109,17 @@ func (m *Model) handle(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		if reply.Sent != nil {
+			reply.Sent(i, time.Now())
+		}
 		send(map[string]any{"content": c}, nil)
 	}
 	send(map[string]any{}, "stop")
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	if flusher != nil {
 		flusher.Flush()
+	}
+	if reply.Done != nil {
+		reply.Done(time.Now())
 	}
 }

@@ -40,6 +40,8 @@ type limitFlags struct {
 	MessageBurst      int           `name:"message-burst" env:"BATON_MESSAGE_BURST" setting:"MessageBurst" help:"Messages one user may post at once after a quiet spell. Defaults to ${message_burst}."`
 	MaxStreamsPerUser int           `name:"max-streams-per-user" env:"BATON_MAX_STREAMS_PER_USER" setting:"MaxStreamsPerUser" help:"Live event streams one user may hold open; one more gets 429. Defaults to ${streams_per_user}."`
 	MaxStreams        int           `name:"max-streams" env:"BATON_MAX_STREAMS" setting:"MaxStreams" help:"Live event streams this process holds open; one more gets 503. Defaults to ${max_streams}."`
+	MaxChatBodyBytes  int           `name:"max-chat-body-bytes" env:"BATON_MAX_CHAT_BODY_BYTES" setting:"MaxChatBodyBytes" help:"Largest body of POST /v1/chat, which carries the chat's whole history (only its last message is kept); larger gets 413. Defaults to ${max_chat_body_bytes}."`
+	MaxChatMessages   int           `name:"max-chat-messages" env:"BATON_MAX_CHAT_MESSAGES" setting:"MaxChatMessages" help:"Messages read from the body of POST /v1/chat; more get 413. Defaults to ${max_chat_messages}."`
 	MetricsAddr       string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" help:"Address to serve Prometheus metrics on /metrics, apart from the API, such as 127.0.0.1:9090. Default: not served."`
 }
 
@@ -49,6 +51,7 @@ func (l limitFlags) withLimits(cfg api.Config) api.Config {
 	cfg.MaxHeaderBytes = l.MaxHeaderBytes
 	cfg.MessagesPerMinute, cfg.MessageBurst = l.MessagesPerMinute, l.MessageBurst
 	cfg.MaxStreamsPerUser, cfg.MaxStreams = l.MaxStreamsPerUser, l.MaxStreams
+	cfg.MaxChatBodyBytes, cfg.MaxChatMessages = l.MaxChatBodyBytes, l.MaxChatMessages
 	return cfg
 }
 

@@ -67,6 +67,8 @@ func vars() map[string]string {
 		"message_burst":        fmt.Sprint(api.DefaultMessageBurst),
 		"streams_per_user":     fmt.Sprint(api.DefaultMaxStreamsPerUser),
 		"max_streams":          fmt.Sprint(api.DefaultMaxStreams),
+		"max_chat_body_bytes":  fmt.Sprint(api.DefaultMaxChatBodyBytes),
+		"max_chat_messages":    fmt.Sprint(api.DefaultMaxChatMessages),
 		"token_expiry":         DefaultTokenExpiry.String(),
 		"http_addr":            config.DefaultHTTPAddr,
 		"max_conversations":    fmt.Sprint(api.DefaultMaxConversations),

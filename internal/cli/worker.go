@@ -166,7 +166,6 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 	cfg.OnConversationEvent = events.Publish
 	if agentCfg != nil {
-		agentCfg.Live = nc // partial replies on baton.live.<conversation>.<run>
 		a, err := agent.NewOpenAI(*agentCfg)
 		if err != nil {
 			return &UsageError{Err: err}
