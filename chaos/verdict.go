@@ -69,7 +69,7 @@ const (
 	CheckRetry           = "retries that made a second turn"
 	CheckClient          = "unexpected API answers"
 	CheckHungShutdown    = "postgres shutdowns that hung"
-	CheckPostgresFault   = "postgres faults not carried out"
+	CheckFaultNotCarried = "faults not carried out"
 	CheckStatus          = "baton status after the run"
 	CheckLiveStreams     = "live event streams with a gap or a repeat"
 )
