@@ -84,16 +84,41 @@ func checkPublicAddress(address string) error {
 	return nil
 }
 
-// sharedAddressSpace is 100.64.0.0/10 (carrier-grade NAT), private in all
-// but name.
-var sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10")
+// notGlobal are the ranges of IANA's special-purpose address registries
+// that are not globally reachable and that netip's predicates leave out:
+// shared address space (carrier-grade NAT), IETF protocol assignments,
+// documentation, benchmarking (which networks inside a company use), the
+// reserved 240/4, NAT64 for local use and the discard prefix. An address
+// in them is private in all but name.
+var notGlobal = []netip.Prefix{
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.0.2.0/24"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("203.0.113.0/24"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("100::/64"),
+	netip.MustParsePrefix("2001:2::/48"),
+	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("3fff::/20"),
+}
 
 // publicAddress reports whether ip is an address on the public internet.
 func publicAddress(ip netip.Addr) bool {
 	ip = ip.Unmap()
-	return ip.IsValid() && !ip.IsLoopback() && !ip.IsPrivate() && !ip.IsLinkLocalUnicast() &&
-		!ip.IsLinkLocalMulticast() && !ip.IsInterfaceLocalMulticast() && !ip.IsUnspecified() &&
-		!ip.IsMulticast() && !sharedAddressSpace.Contains(ip) && !(ip.Is4() && ip.As4()[0] == 0)
+	if !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() ||
+		ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() || ip.IsUnspecified() ||
+		ip.IsMulticast() || (ip.Is4() && ip.As4()[0] == 0) {
+		return false
+	}
+	for _, p := range notGlobal {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
 }
 
 type mcpTransport struct {

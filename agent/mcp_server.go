@@ -353,7 +353,7 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 	}
 	cctx, cancel := context.WithTimeout(withIdempotencyKey(ctx, inv.IdempotencyKey), s.spec.CallTimeout)
 	defer cancel()
-	res, err := cs.CallTool(cctx, &mcp.CallToolParams{
+	res, err := callTool(cctx, s, cs, &mcp.CallToolParams{
 		Name:      remote,
 		Arguments: json.RawMessage(inv.Arguments),
 		Meta:      mcp.Meta{"idempotencyKey": inv.IdempotencyKey},
@@ -397,6 +397,14 @@ func (s *mcpServer) call(ctx context.Context, name, remote string, effect consum
 		out = cutOutput(out, max)
 	}
 	return out, nil
+}
+
+// callTool sends one tools/call, once. It is a variable only so that the
+// chaos harness can prove it fails a worker that sends a write again after
+// its outcome became unknown: a build with the chaosbroken tag replaces it,
+// and no other code does.
+var callTool = func(ctx context.Context, _ *mcpServer, cs *mcp.ClientSession, p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	return cs.CallTool(ctx, p)
 }
 
 // codeRejectedByTransport is the SDK's code for an HTTP exchange that

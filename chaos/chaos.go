@@ -33,6 +33,9 @@ type Result struct {
 	AnswersRetried map[int]int
 	// Streams says what the live event streams saw.
 	Streams streamsReport
+	// MCP says what the MCP server received and what became of the
+	// approvals.
+	MCP mcpReport
 	// Dir holds the logs of every process; kept when the run failed.
 	Dir string
 }
@@ -130,11 +133,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.Unexpected = sys.unexpectedExits()
+	tally, decided := cl.endApprovals()
 	v, err := judge(ctx, sys.pool, plan, cl, res.Faults)
 	if err != nil {
 		return nil, fmt.Errorf("judge: %w", err)
 	}
 	res.Verdict = v
+	ops, approvals, err := loadMCP(ctx, sys.pool)
+	if err != nil {
+		return nil, fmt.Errorf("judge the MCP calls: %w", err)
+	}
+	mcpChecks, mcp := judgeMCP(sys.mcp.received(), ops, approvals, decided, res.Faults)
+	mcp.Load = tally
+	res.MCP = mcp
+	v.Checks = append(v.Checks, mcpChecks...)
 	// An operator's view after the run, on the same multi-host URL: the
 	// primary of the last failover, the relay's slot there, the standby
 	// synchronous, nothing that needs attention.
@@ -149,7 +161,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var live *Check
 	res.Streams, live = judgeStreams(ctx, sys.pool, sys.natsURL, streams, stop, 60*time.Second)
 	v.Checks = append(v.Checks, live)
-	failed := &Check{Name: CheckPostgresFault}
+	failed := &Check{Name: CheckFaultNotCarried}
 	for _, f := range res.Faults {
 		if f.failed {
 			failed.add("%s of %s at %s: %s", f.kind, f.target, f.at.Format(time.TimeOnly), f.note)

@@ -74,6 +74,17 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 	for _, k := range chaos.NetworkFaults {
 		require.Regexp(t, `\n  `+string(k)+` .*then healed; heal -> next turn \d`, summary, "each network fault is healed and followed by a turn")
 	}
+	// The turns called the MCP server's tools through the workers' MCP
+	// client; a worker was killed while the server held one of its
+	// calls, another call's connection was dropped; refunds waited for
+	// approvals that the load gave, refused and left to expire while
+	// workers were killed.
+	require.Regexp(t, `fault mcp_call_kill +worker\d +SIGKILL while its (ship|refund) call \(key mcp_[0-9a-f]{32}\) was held by the server`, summary)
+	require.Regexp(t, `fault mcp_call_drop +worker\d +connection of a (ship|refund) call \(key mcp_[0-9a-f]{32}\) dropped after it arrived`, summary)
+	require.Regexp(t, `MCP calls +[1-9]\d* received \(chaos__ship [1-9]\d*, chaos__refund [1-9]\d*\) under \d+ keys; 1 dropped and 1 held by a fault, [1-9]\d* in flight when their worker was killed`, summary)
+	require.Regexp(t, `MCP journal +[1-9]\d* journaled as started when they arrived`, summary)
+	require.Regexp(t, `approvals +\d+ asked: [1-9]\d* approved \([1-9]\d* ran once, .*\), [1-9]\d* denied, [1-9]\d* expired, 0 pending`, summary)
+	require.Regexp(t, `kills while approvals waited +[1-9]\d* of \d+ worker kills`, summary)
 }
 
 // TestHarnessFailsANonAtomicFinalize runs the harness against a worker
@@ -99,4 +110,30 @@ func TestHarnessFailsANonAtomicFinalize(t *testing.T) {
 	defer os.RemoveAll(res.Dir)
 	require.False(t, res.Passed(), "a finalize split in two transactions must fail the run:\n%s", summary)
 	require.Contains(t, summary, "FAILED: "+chaos.CheckDoneNoReply, "the verdict names the done rows that have no reply")
+}
+
+// TestHarnessFailsAnMCPCallSentTwiceOrBeforeItsJournal runs the harness
+// against a worker built with the chaosbroken tag, whose MCP client sends
+// a call again after its connection dropped, and whose journal sends an
+// MCP call before it commits it as started: the verdict must fail on
+// both, naming the key that arrived twice and the calls that arrived with
+// no operation journaled.
+func TestHarnessFailsAnMCPCallSentTwiceOrBeforeItsJournal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a dozen processes for about a minute")
+	}
+	res, summary := run(t, chaos.Config{
+		Binary:        buildBaton(t, "-tags", "chaosbroken"),
+		Seed:          20260603,
+		Conversations: 20,
+		Messages:      150,
+		Plan:          []chaos.FaultKind{chaos.FaultMCPCallDrop, chaos.FaultMCPCallDrop},
+		LoadDuration:  15 * time.Second,
+		SettleTimeout: 30 * time.Second,
+	})
+	t.Log("\n" + summary)
+	defer os.RemoveAll(res.Dir)
+	require.False(t, res.Passed(), "an MCP write sent twice, or before its journal, must fail the run:\n%s", summary)
+	require.Regexp(t, `FAILED: `+chaos.CheckMCPTwice+` \(\d+\):\n  key mcp_[0-9a-f]{32} reached the server 2 times`, summary, "the verdict names the key that arrived twice")
+	require.Regexp(t, `FAILED: `+chaos.CheckMCPJournal+` \(\d+\):\n  (ship|refund) .* arrived with no operation journaled`, summary, "the verdict names the calls sent before their journal")
 }

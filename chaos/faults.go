@@ -51,11 +51,21 @@ const (
 	FaultOneWayLoss        FaultKind = "oneway_loss"
 )
 
+// MCP faults act on the next call the run's MCP server receives: it holds
+// the call while the worker that sent it is SIGKILLed, or it drops the
+// call's connection without an answer. Either way the call arrived, and
+// its outcome is unknown to the worker.
+const (
+	FaultMCPCallKill FaultKind = "mcp_call_kill"
+	FaultMCPCallDrop FaultKind = "mcp_call_drop"
+)
+
 // AllFaults lists every kind, in the order of the summary.
 var AllFaults = []FaultKind{
 	FaultWorkerKill,
 	FaultCrashBeforeClaim, FaultCrashAfterClaim, FaultCrashDuringModel,
 	FaultCrashAfterTool, FaultCrashBeforeFinalize, FaultCrashAfterFinalizeBefore,
+	FaultMCPCallKill, FaultMCPCallDrop,
 	FaultRelayKill, FaultNATSNodeKill,
 	FaultPostgresFast, FaultPostgresImmediate,
 	FaultPostgresFailover, FaultStandbyPause,
@@ -118,6 +128,8 @@ var faultWeights = map[FaultKind]int{
 	FaultCrashAfterTool:           2,
 	FaultCrashBeforeFinalize:      2,
 	FaultCrashAfterFinalizeBefore: 2,
+	FaultMCPCallKill:              3,
+	FaultMCPCallDrop:              2,
 	FaultRelayKill:                3,
 	FaultNATSNodeKill:             4,
 	FaultPostgresFast:             1,
@@ -261,6 +273,8 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 		r.note = "SIGKILL at a random moment"
 		in.sleep(ctx, in.restartDelay())
 		in.restart(w, &r)
+	case FaultMCPCallKill, FaultMCPCallDrop:
+		in.mcpCall(ctx, &r)
 	case FaultRelayKill:
 		i, err := s.activeRelay(ctx)
 		if err != nil {
@@ -402,6 +416,58 @@ func (in *injector) crashWorker(ctx context.Context, r faultRecord, point string
 	in.sleep(ctx, in.restartDelay())
 	in.restart(w, &r)
 	return r
+}
+
+// mcpCallWait bounds the wait of an MCP fault for a call to act on.
+const mcpCallWait = 30 * time.Second
+
+// mcpCall acts on the next call the MCP server receives: it SIGKILLs the
+// worker that sent it while the server holds it (and answers it once the
+// worker is dead, into a closed connection), or the server drops the
+// call's connection without an answer. The worker's journal has the call
+// as started, and its outcome is unknown to it: the turn must fail
+// visibly, and the call must never arrive again.
+func (in *injector) mcpCall(ctx context.Context, r *faultRecord) {
+	s := in.sys
+	drop := r.kind == FaultMCPCallDrop
+	arrived, release := s.mcp.arm(drop)
+	defer release()
+	var c *mcpCall
+	select {
+	case c = <-arrived:
+	case <-time.After(mcpCallWait):
+	case <-ctx.Done():
+	}
+	r.at = time.Now()
+	if c == nil {
+		r.target = "mcp"
+		r.failed = true
+		r.note = fmt.Sprintf("no MCP call arrived within %s: nothing to act on", mcpCallWait)
+		return
+	}
+	r.target = c.worker
+	if drop {
+		r.note = fmt.Sprintf("connection of a %s call (key %s) dropped after it arrived", c.tool, c.metaKey)
+		return
+	}
+	var w *process
+	for _, p := range s.workers {
+		if p.name == c.worker {
+			w = p
+		}
+	}
+	if w == nil {
+		r.failed = true
+		r.note = fmt.Sprintf("a %s call came from %s, which is no worker", c.tool, c.worker)
+		return
+	}
+	w.take()
+	w.kill()
+	r.at = time.Now()
+	release()
+	r.note = fmt.Sprintf("SIGKILL while its %s call (key %s) was held by the server", c.tool, c.metaKey)
+	in.sleep(ctx, in.restartDelay())
+	in.restart(w, r)
 }
 
 // restart hands a process back to supervision, which starts it.

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,6 +24,18 @@ const (
 	kindFail   = "fail"
 	kindRetry  = "retry"
 	kindDelete = "delete"
+	// kindShip calls the MCP server's ship tool, a write; kindRefund its
+	// refund tool, a write that waits for approval, which the load then
+	// gives, refuses or leaves to expire.
+	kindShip   = "mcp_ship"
+	kindRefund = "mcp_refund"
+)
+
+// Decisions the load takes on a refund's approval.
+const (
+	decideApprove = "approve"
+	decideDeny    = "deny"
+	decideNone    = "none" // left to expire
 )
 
 // sentMessage is what the client knows about one message it sent.
@@ -42,6 +55,11 @@ type sentMessage struct {
 	// rejected is the last non-retryable answer, such as a 404 after the
 	// conversation was deleted.
 	rejected string
+
+	// decision is what the load does with a refund's approval, after
+	// decideAfter.
+	decision    string
+	decideAfter time.Duration
 }
 
 // action is one step of the load: messages sent back to back into one
@@ -78,7 +96,7 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 		deleteAt = append(deleteAt, cfg.Messages/10+rng.IntN(cfg.Messages*8/10))
 	}
 	slices.Sort(deleteAt)
-	n := 0
+	n, refunds := 0, 0
 	newMessage := func(conv, kind string) *sentMessage {
 		id := fmt.Sprintf("msg-%05d", n)
 		n++
@@ -92,6 +110,21 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 			// The notify text is unique per message, so a side effect
 			// repeated by any other run of the turn is countable.
 			m.content = fmt.Sprintf("tell someone about %s\n/tool notify n-%s", id, id)
+		case kindShip:
+			// The argument is unique per message too, so that the MCP
+			// server's record of a call names its message.
+			m.content = fmt.Sprintf("ship the order of %s\n/tool %s s-%s", id, mcpShipTool, id)
+		case kindRefund:
+			m.content = fmt.Sprintf("refund the order of %s\n/tool %s r-%s", id, mcpRefundTool, id)
+			m.decideAfter = time.Duration(200+rng.IntN(3000)) * time.Millisecond
+			// In turn, so that even a short run has each: half approved,
+			// a third denied, one in six left to expire (early enough
+			// that it expires within the load; approved otherwise).
+			m.decision = refundDecisions[refunds%len(refundDecisions)]
+			if m.decision == decideNone && n >= cfg.Messages*7/10 {
+				m.decision = decideApprove
+			}
+			refunds++
 		case kindFail:
 			m.content = fmt.Sprintf("this one breaks %s\n/fail", id)
 		case kindDelete:
@@ -116,18 +149,22 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 			continue
 		}
 		switch r := rng.IntN(100); {
-		case r < 52:
+		case r < 44:
 			a.messages = []*sentMessage{newMessage(conv, kindPlain)}
-		case r < 64:
+		case r < 56:
 			for range 2 + rng.IntN(4) {
 				a.messages = append(a.messages, newMessage(conv, kindBurst))
 			}
-		case r < 74:
+		case r < 66:
 			a.messages = []*sentMessage{newMessage(conv, kindSleep)}
-		case r < 82:
+		case r < 72:
 			a.messages = []*sentMessage{newMessage(conv, kindLookup)}
-		case r < 90:
+		case r < 78:
 			a.messages = []*sentMessage{newMessage(conv, kindNotify)}
+		case r < 84:
+			a.messages = []*sentMessage{newMessage(conv, kindShip)}
+		case r < 90:
+			a.messages = []*sentMessage{newMessage(conv, kindRefund)}
 		case r < 92:
 			a.messages = []*sentMessage{newMessage(conv, kindFail)}
 		default:
@@ -157,6 +194,24 @@ type client struct {
 	// retried counts, by status, the answers that made the client send a
 	// request again: 5xx and 429, and 0 for no answer at all.
 	retried map[int]int
+
+	// approvers wait for refunds' approvals and decide them; they stop
+	// when stopApprovers is closed.
+	approvers     sync.WaitGroup
+	stopApprovers chan struct{}
+	// decided are the approvals the API answered 200 to a decision, with
+	// the status it said; approvals counts what the load did.
+	decided   map[string]string
+	approvals approvalTally
+}
+
+// approvalTally counts what the load did with refunds' approvals.
+type approvalTally struct {
+	// Found approvals waiting; Approved and Denied got a 200; Left were
+	// left to expire; Late were answered 409 approval_expired; Unseen
+	// never showed (their turn failed before it asked, or its
+	// conversation was deleted).
+	Found, Approved, Denied, Left, Late, Unseen int
 }
 
 func newClient(base, token string) *client {
@@ -167,6 +222,9 @@ func newClient(base, token string) *client {
 		deleting: map[string]bool{},
 		deleted:  map[string]time.Time{},
 		retried:  map[int]int{},
+		decided:  map[string]string{},
+
+		stopApprovers: make(chan struct{}),
 	}
 }
 
@@ -276,6 +334,14 @@ func (c *client) run(ctx context.Context, a *action) {
 	for _, m := range a.messages {
 		c.post(ctx, m)
 	}
+	for _, m := range a.messages {
+		m.mu.Lock()
+		accepted := m.accepted
+		m.mu.Unlock()
+		if m.kind == kindRefund && accepted {
+			c.approvers.Go(func() { c.decide(ctx, m) })
+		}
+	}
 	switch a.retry {
 	case 1:
 		c.post(ctx, a.messages[0])
@@ -349,6 +415,10 @@ func (c *client) drive(ctx context.Context, p *loadPlan, clients int, faultsDone
 			}
 			id := fmt.Sprintf("extra-%05d", n)
 			m := &sentMessage{conversation: conv, id: id, kind: kindPlain, content: "still there? " + id}
+			if n%4 == 3 {
+				// The MCP faults wait for a call to hold or drop.
+				m.kind, m.content = kindShip, fmt.Sprintf("ship the order of %s\n/tool %s s-%s", id, mcpShipTool, id)
+			}
 			p.messages = append(p.messages, m)
 			work <- &action{conversation: conv, messages: []*sentMessage{m}}
 			continue
@@ -379,4 +449,128 @@ func (c *client) deletedConversations() map[string]time.Time {
 		out[k] = v
 	}
 	return out
+}
+
+// refundDecisions are what the load does with refunds' approvals, in turn.
+var refundDecisions = []string{decideApprove, decideDeny, decideNone, decideApprove, decideDeny, decideApprove}
+
+// approvalWait bounds how long the load looks for a refund's approval.
+const approvalWait = 90 * time.Second
+
+// decide waits for the approval the refund m asks for, then, after the
+// message's delay, approves it, denies it or leaves it to expire, as
+// planned, through the API, while the faults go on.
+func (c *client) decide(ctx context.Context, m *sentMessage) {
+	path := "/v1/conversations/" + m.conversation + "/approvals"
+	want := "r-" + m.id
+	deadline := time.Now().Add(approvalWait)
+	id := ""
+	for id == "" {
+		status, body := c.do(ctx, http.MethodGet, path, nil, nil)
+		switch {
+		case status == http.StatusNotFound && c.isDeleted(m.conversation):
+			c.tally(func(t *approvalTally) { t.Unseen++ })
+			return
+		case status != http.StatusOK:
+			if ctx.Err() == nil {
+				c.unexpected("GET %s: status %d: %.200s", path, status, body)
+			}
+			return
+		}
+		var list struct {
+			Approvals []struct {
+				ID        string `json:"id"`
+				Status    string `json:"status"`
+				Arguments struct {
+					Text string `json:"text"`
+				} `json:"arguments"`
+			} `json:"approvals"`
+		}
+		if err := json.Unmarshal([]byte(body), &list); err != nil {
+			c.unexpected("GET %s: %v: %.200s", path, err, body)
+			return
+		}
+		// Newest first: a refund asked again (its turn failed after the
+		// first was decided) is decided by nobody and expires.
+		for _, a := range list.Approvals {
+			if a.Arguments.Text == want && a.Status == "pending" {
+				id = a.ID
+				break
+			}
+		}
+		if id != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.tally(func(t *approvalTally) { t.Unseen++ })
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.stopApprovers:
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	c.tally(func(t *approvalTally) { t.Found++ })
+	if m.decision == decideNone {
+		c.tally(func(t *approvalTally) { t.Left++ })
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(m.decideAfter):
+	}
+	approve := m.decision == decideApprove
+	status, body := c.do(ctx, http.MethodPost, path+"/"+id, map[string]bool{"approved": approve}, nil)
+	switch {
+	case status == http.StatusOK:
+		var a struct {
+			Status string `json:"status"`
+		}
+		_ = json.Unmarshal([]byte(body), &a)
+		c.mu.Lock()
+		c.decided[id] = a.Status
+		if a.Status == "approved" {
+			c.approvals.Approved++
+		} else {
+			c.approvals.Denied++
+		}
+		c.mu.Unlock()
+		if wanted := map[bool]string{true: "approved", false: "denied"}[approve]; a.Status != wanted {
+			c.unexpected("POST %s/%s {approved: %v}: answered 200 with status %q", path, id, approve, a.Status)
+		}
+	case status == http.StatusConflict && strings.Contains(body, "approval_expired"):
+		c.tally(func(t *approvalTally) { t.Late++ })
+	case status == http.StatusConflict && strings.Contains(body, "approval_decided"):
+		// A decision whose answer was lost and sent again, or an
+		// approval a claim expired first: the database says which.
+	case status == http.StatusNotFound && c.isDeleted(m.conversation):
+	default:
+		if ctx.Err() == nil {
+			c.unexpected("POST %s/%s: status %d: %.200s", path, id, status, body)
+		}
+	}
+}
+
+func (c *client) tally(f func(*approvalTally)) {
+	c.mu.Lock()
+	f(&c.approvals)
+	c.mu.Unlock()
+}
+
+// endApprovals stops the approvers that still wait and returns what the
+// load did, and the statuses the API answered to its decisions.
+func (c *client) endApprovals() (approvalTally, map[string]string) {
+	close(c.stopApprovers)
+	c.approvers.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	decided := make(map[string]string, len(c.decided))
+	for k, v := range c.decided {
+		decided[k] = v
+	}
+	return c.approvals, decided
 }

@@ -34,6 +34,10 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("messages stored", "%d user, %d assistant, %d error", v.UserMessages, v.Replies, v.Errors)
 	row("runs", "%s", formatRuns(v.Runs))
 	row("side effects (notify)", "%d", v.SideEffects)
+	row("MCP calls", "%s", r.MCP.calls())
+	row("MCP journal", "%s", r.MCP.journal())
+	row("approvals", "%s", r.MCP.approvals())
+	row("kills while approvals waited", "%s", r.MCP.waitKills())
 	row("faults injected", "%d", len(r.Faults))
 	for _, k := range append(slices.Clone(AllFaults), ExtraFaults...) {
 		if slices.Contains(ExtraFaults, k) && counts[k] == 0 {

@@ -70,8 +70,10 @@ type system struct {
 	relayMets []string // metrics URL of each relay
 	workers   []*process
 	api       *process
-	apiURL    string
-	token     string
+	// mcp is the MCP server whose tools the workers' turns call.
+	mcp    *mcpServer
+	apiURL string
+	token  string
 }
 
 type natsNode struct {
@@ -193,17 +195,25 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 			}
 		}
 	}
+	// The workers' MCP server, on the harness's end of the network, where
+	// PostgreSQL listens too.
+	if s.mcp, err = startMCPServer(s.net.HostIP(), s.pool, cfg.Seed); err != nil {
+		return s, err
+	}
 	for i := range workerCount {
 		args := append([]string{"worker"}, common...)
 		args = append(args, streamFlags...)
 		args = append(args, "--consumer", "turns", "--lease", cfg.Lease.String(), "--ack-wait", cfg.Lease.String(),
 			"--debounce", "50ms", "--max-attempts", "3", "--concurrency", "32",
-			// The load sends /sleep, /fail and /tool lines.
+			// The load sends /sleep, /fail and /tool lines, some of them
+			// for the tools of the MCP server.
 			"--echo-directives")
+		args = append(args, s.mcpFlags()...)
 		p := newProcess(fmt.Sprintf("worker%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("worker%d.log", i+1)), args...)
 		if p.node, err = s.net.Add(p.name); err != nil {
 			return s, err
 		}
+		s.mcp.worker(p.node.IP, p.name)
 		s.workers = append(s.workers, p)
 		if err := p.supervise(); err != nil {
 			return s, err
@@ -460,6 +470,9 @@ func (s *system) stop() {
 		wg.Go(func() { n.close(10 * time.Second) })
 	}
 	wg.Wait()
+	if s.mcp != nil {
+		s.mcp.close()
+	}
 	if s.pool != nil {
 		s.pool.Close()
 	}

@@ -69,7 +69,7 @@ const (
 	CheckRetry           = "retries that made a second turn"
 	CheckClient          = "unexpected API answers"
 	CheckHungShutdown    = "postgres shutdowns that hung"
-	CheckPostgresFault   = "postgres faults not carried out"
+	CheckFaultNotCarried = "faults not carried out"
 	CheckStatus          = "baton status after the run"
 	CheckLiveStreams     = "live event streams with a gap or a repeat"
 )
@@ -184,8 +184,9 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 
 	// Runs: still running at the end, and overlaps. A run owns its
 	// conversation from its claim (started_at) until the transaction that
-	// releases it (finished_at): finalized, failed and recovered runs all
-	// ended in such a transaction, under the conversation's row lock. Two
+	// releases it (finished_at): finalized, failed and recovered runs, and
+	// those that stopped to wait for an approval, all ended in such a
+	// transaction, under the conversation's row lock. Two
 	// such intervals of one conversation must not intersect. Cancelled and
 	// abandoned runs had already lost the conversation when they were
 	// marked, so their finished_at says nothing about ownership.
@@ -217,7 +218,8 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 			a.started_at::text || ' .. ' || a.finished_at::text, b.started_at::text || ' .. ' || b.finished_at::text
 		FROM agent_runs a JOIN agent_runs b
 			ON a.conversation_id = b.conversation_id AND a.id < b.id
-		WHERE a.status IN ('finalized', 'failed', 'recovered', 'superseded') AND b.status IN ('finalized', 'failed', 'recovered', 'superseded')
+		WHERE a.status IN ('finalized', 'failed', 'recovered', 'superseded', 'waiting_for_approval')
+			AND b.status IN ('finalized', 'failed', 'recovered', 'superseded', 'waiting_for_approval')
 			AND a.started_at < b.finished_at AND b.started_at < a.finished_at`, func(s []string) {
 		v.check(CheckOverlap).add("runs %s (%s, %s) and %s (%s, %s) of conversation %s overlapped", s[0], s[1], s[5], s[2], s[3], s[6], s[4])
 	}); err != nil {

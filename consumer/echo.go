@@ -20,6 +20,14 @@ import (
 //	/fail                the model call fails
 //	/tool lookup <text>  calls the read-only lookup tool
 //	/tool notify <text>  calls the side-effecting notify tool
+//	/tool NAME <text>    calls any other tool of the turn, such as an MCP
+//	                     server's NAME__TOOL, with {"text": <text>}
+//
+// Every call goes through the journal. A call that waits for a person's
+// approval stops the turn (Suspended) with the answers of the calls made
+// before it; the resumed turn reads them back instead of calling again,
+// and a call that was denied, expired or not sent after all is answered
+// in the reply, as a model would read it.
 type Echo struct {
 	// Directives makes the agent obey /sleep, /fail and /tool. Off, those
 	// lines are echoed like any other: anyone who may post a message
@@ -32,10 +40,28 @@ type Echo struct {
 // ErrEchoFail is the failure the /fail directive asks for.
 var ErrEchoFail = errors.New("echo: the model call failed (/fail directive)")
 
+// echoState is what the echo agent keeps when its turn stops for an
+// approval: the answers of the calls made before the one that waits, in
+// order.
+type echoState struct {
+	Results []string `json:"results"`
+}
+
 // Run answers the turn.
 func (e Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
 	var out []string
 	calls := 0
+	// results are the answers of the turn's calls so far; saved are those
+	// of a turn that stopped for an approval, which a resumed turn reads
+	// back instead of calling again.
+	var results, saved []string
+	if r := turn.Resume; r != nil {
+		var st echoState
+		if err := json.Unmarshal(r.State, &st); err != nil {
+			return Reply{}, fmt.Errorf("echo: read the state of the turn that waited for approval %s: %w", r.ApprovalID, err)
+		}
+		saved = st.Results
+	}
 	for _, m := range turn.Messages {
 		var text []string
 		for _, line := range strings.Split(m.Content, "\n") {
@@ -64,21 +90,45 @@ func (e Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, er
 				return Reply{}, ErrEchoFail
 			case "/tool":
 				if len(directive) < 2 {
-					return Reply{}, fmt.Errorf("echo: %q: write /tool lookup <text> or /tool notify <text>", line)
+					return Reply{}, fmt.Errorf("echo: %q: write /tool NAME <text>, such as /tool lookup hello", line)
 				}
 				calls++
+				id := "call_" + strconv.Itoa(calls)
+				if calls <= len(saved) {
+					results = append(results, saved[calls-1])
+					out = append(out, fmt.Sprintf("[%s: %s]", directive[1], saved[calls-1]))
+					continue
+				}
+				if r := turn.Resume; r != nil && calls == len(saved)+1 && id != r.ToolCallID {
+					return Reply{}, fmt.Errorf("echo: the turn that waited for approval %s stopped at call %s, but its messages make call %s there", r.ApprovalID, r.ToolCallID, id)
+				}
 				arg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "/tool "+directive[1]))
 				args, _ := json.Marshal(map[string]string{"text": arg})
-				res, err := tools.Call(ctx, ToolCall{ID: "call_" + strconv.Itoa(calls), Tool: directive[1], Arguments: args})
-				if err != nil {
+				res, err := tools.Call(ctx, ToolCall{ID: id, Tool: directive[1], Arguments: args})
+				var denied *DeniedError
+				var notSent *NotSentError
+				switch {
+				case errors.Is(err, ErrNeedsApproval):
+					state, merr := json.Marshal(echoState{Results: results})
+					if merr != nil {
+						return Reply{}, merr
+					}
+					return Reply{}, &Suspended{State: state}
+				case errors.As(err, &denied), errors.As(err, &notSent):
+					res = err.Error()
+				case err != nil:
 					return Reply{}, err
 				}
+				results = append(results, res)
 				out = append(out, fmt.Sprintf("[%s: %s]", directive[1], res))
 			default:
 				text = append(text, line)
 			}
 		}
 		out = append(out, "echo: "+strings.TrimSpace(strings.Join(text, "\n")))
+	}
+	if r := turn.Resume; r != nil && calls <= len(saved) {
+		return Reply{}, fmt.Errorf("echo: the turn that waited for approval %s stopped at call %s, which its messages do not make", r.ApprovalID, r.ToolCallID)
 	}
 	return Reply{Content: strings.Join(out, "\n")}, nil
 }

@@ -83,3 +83,66 @@ func TestADeployedDefaultWorkerEchoesDirectivesAsText(t *testing.T) {
 	require.Zero(t, b.Count(`SELECT count(*) FROM operations`), "no tool ran")
 	require.Zero(t, b.Count(`SELECT count(*) FROM messages WHERE role = 'error'`), "no turn failed")
 }
+
+// scriptedTools answers each call with answer and records the ids of the
+// calls made.
+type scriptedTools struct {
+	answer func(ToolCall) (string, error)
+	calls  []string
+}
+
+func (s *scriptedTools) Call(_ context.Context, c ToolCall) (string, error) {
+	s.calls = append(s.calls, c.ID)
+	return s.answer(c)
+}
+
+// TestEchoStopsAtACallThatWaitsForApprovalAndResumesWithoutCallingAgain
+// shows the echo agent on the journal's approval path: a call that waits
+// stops the turn with the answers so far; the resumed turn reads those
+// back, makes the decided call (which the journal answers by the
+// decision) and goes on; a denied call is answered in the reply.
+func TestEchoStopsAtACallThatWaitsForApprovalAndResumesWithoutCallingAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	echo := Echo{Directives: true}
+	turn := Turn{Messages: []schema.Message{
+		{Content: "first\n/tool s__ship one"},
+		{Content: "second\n/tool s__refund two\n/tool lookup three"},
+	}}
+	asked := &scriptedTools{answer: func(c ToolCall) (string, error) {
+		if c.Tool == "s__refund" {
+			return "", ErrNeedsApproval
+		}
+		return "ok " + c.ID, nil
+	}}
+	_, err := echo.Run(ctx, turn, asked)
+	var stopped *Suspended
+	require.ErrorAs(t, err, &stopped, "a call that waits for approval stops the turn")
+	require.Equal(t, []string{"call_1", "call_2"}, asked.calls, "nothing after the waiting call runs")
+
+	resume := func(status string, answer func(ToolCall) (string, error)) (Reply, []string, error) {
+		tools := &scriptedTools{answer: answer}
+		t := turn
+		t.Resume = &Resume{ApprovalID: "ap_1", ToolCallID: "call_2", Tool: "s__refund", Status: status, State: stopped.State}
+		reply, err := echo.Run(ctx, t, tools)
+		return reply, tools.calls, err
+	}
+	reply, calls, err := resume("approved", func(c ToolCall) (string, error) { return "done " + c.ID, nil })
+	require.NoError(t, err)
+	require.Equal(t, []string{"call_2", "call_3"}, calls, "the call made before the stop is not made again; the decided one and those after it are")
+	require.Equal(t, "[s__ship: ok call_1]\necho: first\n[s__refund: done call_2]\n[lookup: done call_3]\necho: second", reply.Content)
+
+	reply, _, err = resume("denied", func(c ToolCall) (string, error) {
+		if c.ID == "call_2" {
+			return "", &DeniedError{Tool: c.Tool, Status: schema.ApprovalDenied}
+		}
+		return "done " + c.ID, nil
+	})
+	require.NoError(t, err, "a denied call is an answer, not a failed turn")
+	require.Contains(t, reply.Content, "[s__refund: the call of s__refund was not made: the user denied it.")
+	require.Contains(t, reply.Content, "[lookup: done call_3]")
+
+	turn.Messages = turn.Messages[:1]
+	_, _, err = resume("approved", func(c ToolCall) (string, error) { return "done " + c.ID, nil })
+	require.ErrorContains(t, err, "stopped at call call_2, which its messages do not make", "a state that does not match the turn's messages is refused")
+}

@@ -172,6 +172,23 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 		RunID:          j.runID,
 		Arguments:      args,
 	}
+	return startAndRun(ctx, j, call, tool, inv)
+}
+
+// startAndRun commits a call as started, and only then sends it. It is a
+// variable only so that the chaos harness can prove it fails a worker
+// that sends a call before its journal: a build with the chaosbroken tag
+// replaces it, and no other code does.
+var startAndRun = func(ctx context.Context, j *journal, call ToolCall, tool Tool, inv Invocation) (string, error) {
+	if err := j.start(ctx, call, tool, &inv); err != nil {
+		return "", err
+	}
+	return j.run(ctx, call, tool, inv)
+}
+
+// start journals a call as started, in a transaction fenced by the run's
+// lease, and sets inv.OperationID.
+func (j *journal) start(ctx context.Context, call ToolCall, tool Tool, inv *Invocation) error {
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		var err error
 		inv.OperationID, _, err = schema.StartOperationHashedTx(ctx, tx, schema.Operation{
@@ -188,9 +205,9 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
+		return fmt.Errorf("journal operation %s (%s): %w", call.ID, call.Tool, err)
 	}
-	return j.run(ctx, call, tool, inv)
+	return nil
 }
 
 // run sends a journaled call and journals its outcome, showing both to

@@ -16,7 +16,8 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// mcpFlags configure the MCP servers of a worker (--agent openai).
+// mcpFlags configure the MCP servers of a worker (--agent openai, or the
+// echo agent with --echo-directives).
 type mcpFlags struct {
 	MCPServers     []string      `name:"mcp-server" env:"BATON_MCP_SERVERS" sep:";" setting:"MCPServers" placeholder:"NAME=URL" help:"An MCP server over Streamable HTTP whose tools the model may call as NAME__TOOL; repeatable (the variable separates them with ';')."`
 	MCPCommands    []string      `name:"mcp-command" env:"BATON_MCP_COMMANDS" sep:";" placeholder:"NAME=COMMAND" help:"An MCP server over stdio: the command (split at spaces) runs with only PATH, HOME and LANG of the worker's environment; repeatable (the variable separates them with ';')."`

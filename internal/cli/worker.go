@@ -102,8 +102,8 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 	var mcpCfg *agent.MCPConfig
 	if c.mcpFlags.any() {
-		if c.Agent != "openai" {
-			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai: the echo agent calls no tools of servers")}
+		if c.Agent != "openai" && !c.EchoDirectives {
+			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai, or the echo agent with --echo-directives (its /tool NAME__TOOL lines call them): without directives the echo agent calls no tools")}
 		}
 		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
 		if err != nil {
