@@ -87,11 +87,17 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 	require.Regexp(t, `kills while approvals waited +[1-9]\d* of \d+ worker kills`, summary)
 }
 
-// TestHarnessFailsANonAtomicFinalize runs the harness against a worker
-// built with the chaosbroken tag, whose finalize marks rows done in one
-// transaction and writes the reply in the next: a worker killed between
-// them must make the verdict fail, naming the rows.
-func TestHarnessFailsANonAtomicFinalize(t *testing.T) {
+// TestHarnessFailsABrokenWorker runs the harness against a worker built
+// with the chaosbroken tag, which breaks three rules at once: its finalize
+// marks rows done in one transaction and writes the reply in the next, its
+// MCP client sends a call again after its connection dropped, and its
+// journal sends an MCP call before it commits it as started. A worker
+// killed between the two finalize transactions, and calls whose
+// connections are dropped, must make the verdict fail, naming the done
+// rows without a reply, the key that arrived twice and the calls that
+// arrived with no operation journaled. (One run for the three: each
+// breakage is seen by a check of its own.)
+func TestHarnessFailsABrokenWorker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a dozen processes for about a minute")
 	}
@@ -101,39 +107,17 @@ func TestHarnessFailsANonAtomicFinalize(t *testing.T) {
 		Conversations: 20,
 		Messages:      150,
 		Plan: []chaos.FaultKind{
-			chaos.FaultCrashAfterFinalizeBefore, chaos.FaultCrashAfterFinalizeBefore, chaos.FaultCrashAfterFinalizeBefore,
+			chaos.FaultCrashAfterFinalizeBefore, chaos.FaultMCPCallDrop,
+			chaos.FaultCrashAfterFinalizeBefore, chaos.FaultMCPCallDrop,
+			chaos.FaultCrashAfterFinalizeBefore,
 		},
-		LoadDuration:  15 * time.Second,
-		SettleTimeout: 15 * time.Second,
-	})
-	t.Log("\n" + summary)
-	defer os.RemoveAll(res.Dir)
-	require.False(t, res.Passed(), "a finalize split in two transactions must fail the run:\n%s", summary)
-	require.Contains(t, summary, "FAILED: "+chaos.CheckDoneNoReply, "the verdict names the done rows that have no reply")
-}
-
-// TestHarnessFailsAnMCPCallSentTwiceOrBeforeItsJournal runs the harness
-// against a worker built with the chaosbroken tag, whose MCP client sends
-// a call again after its connection dropped, and whose journal sends an
-// MCP call before it commits it as started: the verdict must fail on
-// both, naming the key that arrived twice and the calls that arrived with
-// no operation journaled.
-func TestHarnessFailsAnMCPCallSentTwiceOrBeforeItsJournal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a dozen processes for about a minute")
-	}
-	res, summary := run(t, chaos.Config{
-		Binary:        buildBaton(t, "-tags", "chaosbroken"),
-		Seed:          20260603,
-		Conversations: 20,
-		Messages:      150,
-		Plan:          []chaos.FaultKind{chaos.FaultMCPCallDrop, chaos.FaultMCPCallDrop},
-		LoadDuration:  15 * time.Second,
+		LoadDuration:  20 * time.Second,
 		SettleTimeout: 30 * time.Second,
 	})
 	t.Log("\n" + summary)
 	defer os.RemoveAll(res.Dir)
-	require.False(t, res.Passed(), "an MCP write sent twice, or before its journal, must fail the run:\n%s", summary)
+	require.False(t, res.Passed(), "a broken worker must fail the run:\n%s", summary)
+	require.Contains(t, summary, "FAILED: "+chaos.CheckDoneNoReply, "the verdict names the done rows that have no reply")
 	require.Regexp(t, `FAILED: `+chaos.CheckMCPTwice+` \(\d+\):\n  key mcp_[0-9a-f]{32} reached the server 2 times`, summary, "the verdict names the key that arrived twice")
 	require.Regexp(t, `FAILED: `+chaos.CheckMCPJournal+` \(\d+\):\n  (ship|refund) .* arrived with no operation journaled`, summary, "the verdict names the calls sent before their journal")
 }
