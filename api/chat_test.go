@@ -61,7 +61,10 @@ func chatModel(n int, req agenttest.Request) agenttest.Response {
 		// mail__send waits for approval (the stack's --mcp-approve).
 		results := req.ToolMessages()
 		if len(results) == 0 {
-			return agenttest.Response{Content: "Checking.", ToolCalls: []agenttest.ToolCall{{ID: "call_mail", Name: "mail__send", Arguments: `{"to":"bob"}`}}}
+			// "mail NAME" sends to NAME: each test mails someone else,
+			// so that parallel tests tell their calls apart.
+			to, _ := json.Marshal(map[string]string{"to": strings.TrimSpace(strings.TrimPrefix(last, "mail"))})
+			return agenttest.Response{Content: "Checking.", ToolCalls: []agenttest.ToolCall{{ID: "call_mail", Name: "mail__send", Arguments: string(to)}}}
 		}
 		if strings.Contains(results["call_mail"], "not made") {
 			return agenttest.Response{Content: "Not sent."}
@@ -584,15 +587,15 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 
 	// waits posts "mail ..." to chat and reads the stream to its end: the
 	// turn waits for approval. It returns the stream and the approval.
-	waits := func(t *testing.T, chat string) (*chunks, string) {
+	waits := func(t *testing.T, chat, to string) (*chunks, string) {
 		t.Helper()
-		c := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody(chat, chat+"-m1", "mail bob"))
+		c := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody(chat, chat+"-m1", "mail "+to))
 		c.rest()
 		require.Equal(t, "Checking.", c.text(), "the text before the call streams as usual")
 		in := c.first("tool-input-available")
 		require.Equal(t, []string{"dynamic", "input", "toolCallId", "toolName", "type"}, keys(in))
 		require.Equal(t, "mail__send", in["toolName"])
-		require.Equal(t, map[string]any{"to": "bob"}, in["input"])
+		require.Equal(t, map[string]any{"to": to}, in["input"])
 		req := c.first("tool-approval-request")
 		require.Equal(t, []string{"approvalId", "toolCallId", "type"}, keys(req), "only the fields of the SDK's chunk schema")
 		require.Equal(t, in["toolCallId"], req["toolCallId"])
@@ -602,13 +605,15 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 		require.Equal(t, []string{"tool-input-available", "tool-approval-request", "finish-step", "finish"}, types[len(types)-4:],
 			"the stream asks, then ends while the turn waits: %v", types)
 		require.Equal(t, "tool-calls", c.first("finish")["finishReason"])
-		require.Empty(t, s.mail.Calls(), "nothing is sent before the approval")
+		for _, call := range s.mail.Calls() {
+			require.NotContains(t, call, `"`+to+`"`, "nothing is sent before the approval")
+		}
 		return c, approvalID
 	}
 
 	t.Run("approved: the call runs once and the same reply goes on", func(t *testing.T) {
 		t.Parallel()
-		first, approvalID := waits(t, "mail-yes")
+		first, approvalID := waits(t, "mail-yes", "bob")
 		replyID := first.first("start")["messageId"]
 
 		resumed := s.openChat(t, s.other, "GET", "/v1/chat/mail-yes/stream", s.alice, nil)
@@ -655,8 +660,8 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 
 	t.Run("denied: the call is never sent and the stream says so", func(t *testing.T) {
 		t.Parallel()
-		first, approvalID := waits(t, "mail-no")
-		rest := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, approvalAnswer("mail-no", "mail-no-m1", "mail bob", first, approvalID, false))
+		first, approvalID := waits(t, "mail-no", "carol")
+		rest := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, approvalAnswer("mail-no", "mail-no-m1", "mail carol", first, approvalID, false))
 		rest.rest()
 		denied := rest.first("tool-output-denied")
 		require.Equal(t, []string{"toolCallId", "type"}, keys(denied))
@@ -665,7 +670,7 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 		require.Contains(t, rest.text(), "Not sent.")
 		require.NotContains(t, rest.text(), "Checking.", "the client has that text already")
 		for _, call := range s.mail.Calls() {
-			require.NotContains(t, call, "mail-no", "a denied call is never sent")
+			require.NotContains(t, call, `"carol"`, "a denied call is never sent")
 		}
 		h := s.history(t, s.alice, "mail-no")
 		tool := h[1]["parts"].([]any)[1].(map[string]any)
@@ -675,12 +680,12 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 
 	t.Run("a stop while the turn waits denies the call and ends the wait", func(t *testing.T) {
 		t.Parallel()
-		first, approvalID := waits(t, "mail-stop")
+		first, approvalID := waits(t, "mail-stop", "dave")
 		r := s.do(t, s.alice, "POST", "/v1/conversations/mail-stop/stop", nil)
 		require.Equal(t, http.StatusOK, r.Status, r.Raw)
 		require.Equal(t, map[string]any{"stopped": true, "settled": float64(1)}, r.Body)
 		require.Equal(t, http.StatusNoContent, s.do(t, s.alice, "GET", "/v1/chat/mail-stop/stream", nil).Status, "nothing waits any more")
-		late := s.do(t, s.alice, "POST", "/v1/chat", approvalAnswer("mail-stop", "mail-stop-m1", "mail bob", first, approvalID, true))
+		late := s.do(t, s.alice, "POST", "/v1/chat", approvalAnswer("mail-stop", "mail-stop-m1", "mail dave", first, approvalID, true))
 		require.Equal(t, http.StatusConflict, late.Status, "the stop decided it: %s", late.Raw)
 		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied'`, approvalID))
 		next := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("mail-stop", "mail-stop-m2", "after the stop"))
