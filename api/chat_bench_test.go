@@ -302,16 +302,16 @@ func chatOnce(b *testing.B) {
 		bench.Record(b, f)
 	}
 	under := func(d time.Duration) func(time.Duration) bool { return func(v time.Duration) bool { return v < d } }
-	fig("6a", fmt.Sprintf("chat: lone message, POST /v1/chat to the model's request, p50 (%d messages %s apart, model answers in %s)", len(chatLat), chatLoneApart, chatAnswerIn),
+	fig("8a", fmt.Sprintf("chat: lone message, POST /v1/chat to the model's request, p50 (%d messages %s apart, model answers in %s)", len(chatLat), chatLoneApart, chatAnswerIn),
 		chatLat, msgLat, "through POST /messages", 50, "", nil)
-	fig("6b", "same, p99", chatLat, msgLat, "through POST /messages", 99, "under 10 ms", under(10*time.Millisecond))
-	fig("6c", fmt.Sprintf("chat: the model's answer to finish read by the client, p50 (%d turns)", len(finishLat)),
+	fig("8b", "same, p99", chatLat, msgLat, "through POST /messages", 99, "under 10 ms", under(10*time.Millisecond))
+	fig("8c", fmt.Sprintf("chat: the model's answer to finish read by the client, p50 (%d turns)", len(finishLat)),
 		finishLat, repliedLat, "to the replied event on NATS", 50, "", nil)
-	fig("6d", "same, p99", finishLat, repliedLat, "to the replied event on NATS", 99, "under 10 ms", under(10*time.Millisecond))
-	fig("6e", fmt.Sprintf("chat: a token to its text-delta chunk, 1 chat, p50 (%d tokens)", len(oneChunk)), oneChunk, oneDelta, "to the live delta on NATS", 50, "", nil)
-	fig("6f", "same, p99", oneChunk, oneDelta, "to the live delta on NATS", 99, "", nil)
-	fig("6g", fmt.Sprintf("chat: a token to its text-delta chunk, %d chats at once, p50 (%d tokens)", chatManyChats, len(manyChunk)), manyChunk, manyDelta, "to the live delta on NATS", 50, "", nil)
-	fig("6h", "same, p99", manyChunk, manyDelta, "to the live delta on NATS", 99, "under 20 ms", under(20*time.Millisecond))
+	fig("8d", "same, p99", finishLat, repliedLat, "to the replied event on NATS", 99, "under 10 ms", under(10*time.Millisecond))
+	fig("8e", fmt.Sprintf("chat: a token to its text-delta chunk, 1 chat, p50 (%d tokens)", len(oneChunk)), oneChunk, oneDelta, "to the live delta on NATS", 50, "", nil)
+	fig("8f", "same, p99", oneChunk, oneDelta, "to the live delta on NATS", 99, "", nil)
+	fig("8g", fmt.Sprintf("chat: a token to its text-delta chunk, %d chats at once, p50 (%d tokens)", chatManyChats, len(manyChunk)), manyChunk, manyDelta, "to the live delta on NATS", 50, "", nil)
+	fig("8h", "same, p99", manyChunk, manyDelta, "to the live delta on NATS", 99, "under 20 ms", under(20*time.Millisecond))
 	if want := chatManyChats * chatTokens; len(manyChunk) != want {
 		b.Errorf("%d of %d tokens reached their clients", len(manyChunk), want)
 	}
