@@ -202,21 +202,8 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 	}
 	ctx := r.Context()
 	user := userFrom(ctx)
-	c, err := schema.GetConversation(ctx, s.pool, user.ID, req.ChatID)
-	if errors.Is(err, schema.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(req.ChatID)+" for this user")
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	if !s.chatsLive(w) {
-		return
-	}
-	release, err := s.acquireStream(user.ID)
-	if err != nil {
-		s.refuse(w, r, err)
+	c, release, ok := s.streamChat(w, r, req.ChatID)
+	if !ok {
 		return
 	}
 	defer release()
@@ -381,22 +368,8 @@ func (s *Server) resumeChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
 		return
 	}
-	user := userFrom(r.Context())
-	c, err := schema.GetConversation(r.Context(), s.pool, user.ID, chatID)
-	if errors.Is(err, schema.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" for this user")
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	if !s.chatsLive(w) {
-		return
-	}
-	release, err := s.acquireStream(user.ID)
-	if err != nil {
-		s.refuse(w, r, err)
+	c, release, ok := s.streamChat(w, r, chatID)
+	if !ok {
 		return
 	}
 	defer release()
@@ -448,4 +421,30 @@ func (s *Server) stopConversation(w http.ResponseWriter, r *http.Request) {
 	// A turn that waited for an approval is stopped too: its approval is
 	// denied and its messages settled.
 	writeJSON(w, http.StatusOK, map[string]any{"stopped": st.RunID != "" || st.Approval != nil, "settled": len(st.SettledIDs)})
+}
+
+// streamChat finds the user's chat and takes one of the user's open
+// streams for an answer that streams it. It has answered the request
+// (404, 503 or 429) when ok is false; otherwise release gives the stream
+// back.
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, chatID string) (c schema.Conversation, release func(), ok bool) {
+	user := userFrom(r.Context())
+	c, err := schema.GetConversation(r.Context(), s.pool, user.ID, chatID)
+	if errors.Is(err, schema.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" for this user")
+		return c, nil, false
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return c, nil, false
+	}
+	if !s.chatsLive(w) {
+		return c, nil, false
+	}
+	release, err = s.acquireStream(user.ID)
+	if err != nil {
+		s.refuse(w, r, err)
+		return c, nil, false
+	}
+	return c, release, true
 }

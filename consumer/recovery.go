@@ -35,11 +35,18 @@ func (w *Worker) recoveryLoop(ctx context.Context) {
 // recoverExpired recovers every run whose lease has expired, in batches,
 // each in one transaction with the announcement of its retried rows.
 func (w *Worker) recoverExpired(ctx context.Context) error {
+	return w.recoverBatches(ctx, schema.RecoverExpiredTx)
+}
+
+// recoverBatches recovers the runs that find picks, recoveryBatch at a
+// time, each batch in one transaction with the announcement of its retried
+// rows, until a batch comes back short.
+func (w *Worker) recoverBatches(ctx context.Context, find func(context.Context, schema.Executor, int, int) ([]schema.Recovery, error)) error {
 	for {
 		var recs []schema.Recovery
 		err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 			var err error
-			recs, err = schema.RecoverExpiredTx(ctx, tx, recoveryBatch, w.cfg.MaxAttempts)
+			recs, err = find(ctx, tx, recoveryBatch, w.cfg.MaxAttempts)
 			if err != nil {
 				return err
 			}

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -226,28 +225,5 @@ func (w *Worker) orphanLoop(ctx context.Context) {
 // recoverOrphaned recovers the runs of gone workers, in batches, each in
 // one transaction with the announcement of its retried rows.
 func (w *Worker) recoverOrphaned(ctx context.Context) error {
-	for {
-		var recs []schema.Recovery
-		err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
-			var err error
-			recs, err = schema.RecoverOrphanedTx(ctx, tx, recoveryBatch, w.cfg.MaxAttempts)
-			if err != nil {
-				return err
-			}
-			var retry []int64
-			for _, r := range recs {
-				retry = append(retry, r.RetryIDs...)
-			}
-			return schema.AnnounceTx(ctx, tx, batonnats.ReasonRetry, retry)
-		})
-		if err != nil {
-			return err
-		}
-		for _, r := range recs {
-			w.recovered(r)
-		}
-		if len(recs) < recoveryBatch {
-			return nil
-		}
-	}
+	return w.recoverBatches(ctx, schema.RecoverOrphanedTx)
 }
