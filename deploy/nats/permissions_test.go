@@ -560,21 +560,38 @@ func checkWorkerCannotChangeTheStreams(ctx context.Context, c *cluster) error {
 }
 
 // provision wraps an idempotent provisioning call so that it is made again
-// when its answer is lost: a JetStream API request in flight while the
-// meta leader changes gets none. The components' own provisioning loops
-// do the same.
+// when its answer is lost (a JetStream API request in flight while the
+// meta leader changes gets none) and when the meta leader finds no peers
+// to place the replicas on because it holds one of them offline for a
+// moment (on a loaded machine a node can miss its beat right after the
+// cluster formed). The components' own provisioning loops do the same.
 func provision(op func(context.Context) error) func(context.Context) error {
 	return func(ctx context.Context) error {
 		for {
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := op(actx)
 			cancel()
-			if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			var apiErr *jetstream.APIError
+			switch {
+			case ctx.Err() != nil:
+				return err
+			case errors.Is(err, context.DeadlineExceeded):
+			case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoPeersForPlacement:
+				select {
+				case <-ctx.Done():
+					return err
+				case <-time.After(250 * time.Millisecond):
+				}
+			default:
 				return err
 			}
 		}
 	}
 }
+
+// errCodeNoPeersForPlacement is JetStream's "no suitable peers for
+// placement" (nats-server's JSClusterNoPeersErrF).
+const errCodeNoPeersForPlacement jetstream.ErrorCode = 10005
 
 // refusedAs connects as user and runs op, which the server must refuse on
 // subject. Each refusal gets a connection of its own, since a refusal
