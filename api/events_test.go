@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,10 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/batonhq/baton/api"
-	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
-	"github.com/batonhq/baton/schema"
 )
 
 type sseEvent struct {
@@ -95,20 +91,8 @@ func (s *sseStream) next(t *testing.T) sseEvent {
 
 func TestEventsStreamCommittedChangesAndResumeFromLastEventID(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testenv.Database(t)
-	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
-	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
-	require.NoError(t, err)
-	tok, _, err := schema.CreateToken(ctx, db.Pool, "alice")
-	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	t.Cleanup(srv.Close)
-	b := &bundle{pool: db.Pool, srv: hs, alice: tok, client: hs.Client()}
+	l := startLiveAPI(t, nil, "alice")
+	b, tok, hs := l.bundle, l.alice, l.srv
 	b.createConversation(t, tok, "c.1 *>")
 	eventsURL := hs.URL + convPath("c.1 *>", "/events")
 
@@ -171,20 +155,8 @@ func TestWebPageIsServed(t *testing.T) {
 // reload, then gets the new stream's events.
 func TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testenv.Database(t)
-	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
-	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
-	require.NoError(t, err)
-	tok, _, err := schema.CreateToken(ctx, db.Pool, "alice")
-	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	t.Cleanup(srv.Close)
-	b := &bundle{pool: db.Pool, srv: hs, alice: tok, client: hs.Client()}
+	l := startLiveAPI(t, nil, "alice")
+	b, tok, hs, ns, nc := l.bundle, l.alice, l.srv, l.ns, l.nc
 	b.createConversation(t, tok, "c")
 	eventsURL := hs.URL + convPath("c", "/events")
 	post := func(id string) {

@@ -41,14 +41,6 @@ type jwtBundle struct {
 
 func jwtSetup(t *testing.T, provider *oidctest.Provider, configure func(*jwtauth.Config)) *jwtBundle {
 	t.Helper()
-	ctx := context.Background()
-	db := testenv.Database(t)
-	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
-	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
-	require.NoError(t, err)
-	alice, a, err := schema.CreateToken(ctx, db.Pool, "alice")
-	require.NoError(t, err)
 	secret := []byte(strings.Repeat("0123456789abcdef", 3))[:hs256SecretLen]
 	cfg := jwtauth.Config{
 		Issuer: provider.Issuer, Audience: jwtAudience, AllowHTTP: true,
@@ -59,15 +51,8 @@ func jwtSetup(t *testing.T, provider *oidctest.Provider, configure func(*jwtauth
 	if configure != nil {
 		configure(&cfg)
 	}
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, JWT: cfg})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	t.Cleanup(srv.Close)
-	return &jwtBundle{
-		bundle:   &bundle{pool: db.Pool, srv: hs, alice: alice, aliceID: a.ID, natsURL: ns.URL, client: hs.Client()},
-		provider: provider, secret: secret, api: srv,
-	}
+	l := startLiveAPI(t, func(c *api.Config) { c.JWT = cfg }, "alice")
+	return &jwtBundle{bundle: l.bundle, provider: provider, secret: secret, api: l.api}
 }
 
 // hs256 is a token of the backend for sub, valid for a minute.

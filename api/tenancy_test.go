@@ -20,22 +20,51 @@ import (
 // liveBundle is the API with NATS for live events, and two users.
 func liveBundle(t *testing.T) *bundle {
 	t.Helper()
+	return startLiveAPI(t, nil, "alice", "bob").bundle
+}
+
+// liveAPI is an API with NATS for live events, its events stream
+// provisioned, and the NATS server and connection it uses.
+type liveAPI struct {
+	*bundle
+	ns  *testenv.NATS
+	nc  *natsclient.Conn
+	api *api.Server
+}
+
+// startLiveAPI starts a liveAPI with a token for each of users, made in
+// their order (the first is the bundle's alice, the second its bob);
+// configure, when not nil, changes the API's settings before it starts.
+func startLiveAPI(t *testing.T, configure func(*api.Config), users ...string) *liveAPI {
+	t.Helper()
 	ctx := context.Background()
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
 	nc, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	alice, a, err := schema.CreateToken(ctx, db.Pool, "alice")
-	require.NoError(t, err)
-	bob, _, err := schema.CreateToken(ctx, db.Pool, "bob")
-	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc})
+	b := &bundle{pool: db.Pool, natsURL: ns.URL}
+	for i, name := range users {
+		token, u, err := schema.CreateToken(ctx, db.Pool, name)
+		require.NoError(t, err)
+		switch i {
+		case 0:
+			b.alice, b.aliceID = token, u.ID
+		case 1:
+			b.bob = token
+		}
+	}
+	cfg := api.Config{Pool: db.Pool, JetStream: js, NATS: nc}
+	if configure != nil {
+		configure(&cfg)
+	}
+	srv, err := api.New(cfg)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	t.Cleanup(srv.Close)
-	return &bundle{pool: db.Pool, srv: hs, alice: alice, bob: bob, aliceID: a.ID, natsURL: ns.URL, client: hs.Client()}
+	b.srv, b.client = hs, hs.Client()
+	return &liveAPI{bundle: b, ns: ns, nc: nc, api: srv}
 }
 
 // nextEvent returns the next conversation event of s, skipping "ready".
