@@ -142,17 +142,7 @@ func openPool(ctx context.Context, db config.Database) (*pgxpool.Pool, error) {
 // unless the URL names its own pool_max_conns (0: pgx's default, the
 // larger of 4 and the number of CPUs).
 func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.Pool, error) {
-	if err := db.Validate(); err != nil {
-		return nil, &UsageError{Err: err}
-	}
-	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
-	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
-	}
-	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
-		cfg.MaxConns = maxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg, pool, err := newPool(ctx, db, maxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -161,6 +151,23 @@ func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pg
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d (database %q): %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// newPool makes the pool of db's URL, of up to maxConns connections unless
+// the URL names its own pool_max_conns, without connecting yet.
+func newPool(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.Config, *pgxpool.Pool, error) {
+	if err := db.Validate(); err != nil {
+		return nil, nil, &UsageError{Err: err}
+	}
+	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
+	if err != nil {
+		return nil, nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
+	}
+	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	return cfg, pool, err
 }
 
 // openServicePool is openPoolSized for a long-running component (worker,
@@ -173,17 +180,7 @@ func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pg
 // Exiting instead would leave the component to a supervisor, which under
 // Kubernetes holds back a container that keeps exiting for minutes.
 func openServicePool(ctx context.Context, db config.Database, maxConns int32, log zerolog.Logger) (*pgxpool.Pool, error) {
-	if err := db.Validate(); err != nil {
-		return nil, &UsageError{Err: err}
-	}
-	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
-	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("--database-url / BATON_DATABASE_URL: %w", err)}
-	}
-	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
-		cfg.MaxConns = maxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg, pool, err := newPool(ctx, db, maxConns)
 	if err != nil {
 		return nil, err
 	}
