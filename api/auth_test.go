@@ -72,7 +72,6 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 	type credential struct {
 		name          string
 		authorization string // the Authorization header, if any
-		query         string // ?access_token=, if any
 	}
 	refused := []credential{
 		{name: "no token"},

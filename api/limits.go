@@ -323,13 +323,6 @@ func (l *messageLimiter) take(userID int64, now time.Time) (wait time.Duration) 
 	return 0
 }
 
-// size is the number of buckets held.
-func (l *messageLimiter) size() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.buckets)
-}
-
 // limitMessages refuses a user's message with 429 while their bucket is
 // empty.
 func (s *Server) limitMessages(h http.HandlerFunc) http.HandlerFunc {

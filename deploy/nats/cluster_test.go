@@ -58,16 +58,6 @@ type client struct {
 // would take them from BATON_NATS_* variables.
 func (c *cluster) options(user string) natsconn.Options { return c.Options(user) }
 
-// connect connects as user through natsconn.Connect. The connection closes
-// when t ends.
-func (c *cluster) connect(t *testing.T, user string) *client {
-	t.Helper()
-	cl, err := c.dial(user)
-	require.NoError(t, err)
-	t.Cleanup(cl.nc.Close)
-	return cl
-}
-
 func (c *cluster) dial(user string) (*client, error) { return c.dialAt(user, c.URLs) }
 
 // dialAt connects as user to the servers of urls only.
