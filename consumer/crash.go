@@ -109,6 +109,15 @@ func (c *crasher) at(point string) {
 	c.kill(point)
 }
 
+// always kills the process when point is the armed one, whatever the
+// probability. Only the chaosbroken build's split finalize calls it.
+func (c *crasher) always(point string) {
+	if c == nil || c.point != point {
+		return
+	}
+	c.kill(point)
+}
+
 func (c *crasher) kill(point string) {
 	if c.pause {
 		// Held here until SIGCONT; then the turn goes on as if nothing

@@ -174,8 +174,10 @@ func Start(t testing.TB, opts Options) *Cluster {
 	})
 	var urls, tlsURLs []string
 	for _, s := range c.Servers {
-		if !s.ReadyForConnections(20 * time.Second) {
-			t.Fatalf("clustertest: node %s did not accept clients within 20s", s.Name())
+		// A deadline, not a wait: it returns as soon as the node listens.
+		// On a loaded machine a node has been seen to take over 20 s.
+		if !s.ReadyForConnections(60 * time.Second) {
+			t.Fatalf("clustertest: node %s did not accept clients within 60s", s.Name())
 		}
 		urls = append(urls, s.ClientURL())
 		tlsURLs = append(tlsURLs, "tls://"+s.Addr().String())
