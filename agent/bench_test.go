@@ -31,11 +31,16 @@ func benchAgent(b *testing.B) (*agent.OpenAI, *agent.Registry) {
 	reg := agent.NewRegistry(lookup(20 << 10))
 	a := newAgent(b, srv, func(c *agent.Config) {
 		c.SystemPrompt = systemPrompt
-		c.Tools = reg
-		c.MaxToolIterations = benchRounds
 		c.MaxModelCalls = benchRounds + 1
 	})
 	return a, reg
+}
+
+// benchExecutor runs the benchmark's tools with room for its rounds.
+func benchExecutor(reg *agent.Registry) *executor {
+	ex := newExecutor(reg)
+	ex.maxTools = benchRounds
+	return ex
 }
 
 // BenchmarkTurnAtLength is the latency of one turn in a conversation of
@@ -48,7 +53,7 @@ func BenchmarkTurnAtLength(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				turn := conv.turn("Look these up and sum them.", consumer.DefaultHistoryLimit)
-				if _, err := a.Run(context.Background(), turn, newExecutor(reg)); err != nil {
+				if _, err := run(context.Background(), a, turn, benchExecutor(reg)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -74,7 +79,7 @@ func BenchmarkTurnsOfAGrowingConversation(b *testing.B) {
 			conv.n = int64(2 * (k - 1))
 			turn := conv.turn("Look these up and sum them.", consumer.DefaultHistoryLimit)
 			start := time.Now()
-			if _, err := a.Run(context.Background(), turn, newExecutor(reg)); err != nil {
+			if _, err := run(context.Background(), a, turn, benchExecutor(reg)); err != nil {
 				b.Fatal(err)
 			}
 			took := time.Since(start)

@@ -109,7 +109,7 @@ func parseErrorBody(b []byte) errorInfo {
 
 // classify turns a failed call into what the turn does about it. cause is
 // the call's context cause, set when its watch or its cap cut it short.
-func (t *turnLoop) classify(err, cause error) *failure {
+func (t *stepCall) classify(err, cause error) *failure {
 	var te *timeoutError
 	var se *statusError
 	var streamErr *ssestream.StreamError
@@ -150,7 +150,7 @@ func (t *turnLoop) classify(err, cause error) *failure {
 
 // classifyStatus classifies an answer with an error status. The status
 // decides, whatever the body; the body only refines a 4xx.
-func (t *turnLoop) classifyStatus(se *statusError) *failure {
+func (t *stepCall) classifyStatus(se *statusError) *failure {
 	status := se.status
 	info := parseErrorBody(se.body)
 	d := detail(info.message, t.cfg.APIKey)
@@ -202,13 +202,13 @@ func (t *turnLoop) classifyStatus(se *statusError) *failure {
 	}
 }
 
-func (t *turnLoop) terminal(kind error, status int, user string, cause error, format string, args ...any) *failure {
+func (t *stepCall) terminal(kind error, status int, user string, cause error, format string, args ...any) *failure {
 	msg := fmt.Sprintf(format, args...)
 	return &failure{fault: faultTerminal, status: status, what: msg, cause: cause,
 		err: &ModelError{Kind: kind, StatusCode: status, Message: msg, User: user, Cause: cause}}
 }
 
-func (t *turnLoop) timeoutError(te *timeoutError, cause error) *ModelError {
+func (t *stepCall) timeoutError(te *timeoutError, cause error) *ModelError {
 	var msg string
 	switch te.what {
 	case "first byte":

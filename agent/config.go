@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/setting"
 	"github.com/rs/zerolog"
 )
@@ -16,7 +17,6 @@ const (
 	DefaultFirstByteTimeout    = 60 * time.Second
 	DefaultIdleTimeout         = 30 * time.Second
 	DefaultMaxModelCalls       = 16
-	DefaultMaxToolIterations   = 8
 	DefaultMaxRetries          = 3
 	DefaultRetryBaseDelay      = 500 * time.Millisecond
 	DefaultMaxRetryDelay       = 30 * time.Second
@@ -67,10 +67,6 @@ type Config struct {
 	// MaxModelCalls caps the model calls of one turn, retries included
 	// (--max-model-calls). It bounds what one turn can cost. Defaults to 16.
 	MaxModelCalls int
-	// MaxToolIterations caps the rounds of tool calls in one turn
-	// (--max-tool-iterations): a model that keeps calling tools ends the
-	// turn with ErrBudgetExceeded. Defaults to 8.
-	MaxToolIterations int
 	// MaxRetries is how many times one model call is retried inside the
 	// attempt after a 5xx (other than 503 and 529), a 408 or a lost
 	// connection, with exponential backoff and jitter, and after a 429,
@@ -114,13 +110,6 @@ type Config struct {
 	// events then carry each step's text at once. Defaults to false
 	// (streaming).
 	DisableStreaming bool
-	// Tools the model may call. Defaults to an empty registry.
-	Tools *Registry
-	// Live receives partial reply text on the run's live subject (a
-	// *nats.Conn fits), for a turn whose runner gives it no consumer.Live
-	// of its own (a worker always does, and publishes the text itself).
-	// Defaults to none: nothing is published.
-	Live Publisher
 	// HTTPClient makes the requests. Defaults to a client with the
 	// default transport.
 	HTTPClient *http.Client
@@ -148,9 +137,6 @@ func (c Config) WithDefaults() Config {
 	if c.MaxModelCalls == 0 {
 		c.MaxModelCalls = DefaultMaxModelCalls
 	}
-	if c.MaxToolIterations == 0 {
-		c.MaxToolIterations = DefaultMaxToolIterations
-	}
 	if c.MaxRetries == 0 {
 		c.MaxRetries = DefaultMaxRetries
 	}
@@ -171,9 +157,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxToolResultBytes == 0 {
 		c.MaxToolResultBytes = DefaultMaxToolResultBytes
-	}
-	if c.Tools == nil {
-		c.Tools = NewRegistry()
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: http.DefaultTransport}
@@ -202,8 +185,6 @@ func (c Config) Validate() error {
 		return setting.Errorf("IdleTimeout", c.IdleTimeout, "negative: give a positive duration")
 	case c.MaxModelCalls < 1:
 		return setting.Errorf("MaxModelCalls", c.MaxModelCalls, "must be at least 1")
-	case c.MaxToolIterations < 1:
-		return setting.Errorf("MaxToolIterations", c.MaxToolIterations, "must be at least 1")
 	case c.RetryBaseDelay < 0:
 		return setting.Errorf("RetryBaseDelay", c.RetryBaseDelay, "must not be negative")
 	case c.MaxRetryDelay < 0:
@@ -217,14 +198,19 @@ func (c Config) Validate() error {
 	case c.ContextTokens < 0:
 		return setting.Errorf("ContextTokens", c.ContextTokens, "negative: give the model's context window less the room for its answer")
 	}
-	if c.Tools != nil {
-		fixed := TokensPerRequest + toolTokens(c.Tools.params())
-		if c.SystemPrompt != "" {
-			fixed += TokensPerMessage + EstimateTokens(c.SystemPrompt)
-		}
-		if c.ContextTokens < fixed+minConversationTokens {
-			return setting.Errorf("ContextTokens", c.ContextTokens, "too small: the system prompt and the tool declarations take about %d tokens, and a conversation needs %d more: give at least %d", fixed, minConversationTokens, fixed+minConversationTokens)
-		}
+	return c.CheckTools(nil)
+}
+
+// CheckTools reports a ContextTokens too small for the system prompt, the
+// declarations of tools and a conversation (a *setting.Error): a worker
+// checks it at start with the tools it always offers.
+func (c Config) CheckTools(tools []consumer.ToolSpec) error {
+	fixed := TokensPerRequest + toolTokens(toolParamsOf(tools))
+	if c.SystemPrompt != "" {
+		fixed += TokensPerMessage + EstimateTokens(c.SystemPrompt)
+	}
+	if c.ContextTokens < fixed+minConversationTokens {
+		return setting.Errorf("ContextTokens", c.ContextTokens, "too small: the system prompt and the tool declarations take about %d tokens, and a conversation needs %d more: give at least %d", fixed, minConversationTokens, fixed+minConversationTokens)
 	}
 	return nil
 }

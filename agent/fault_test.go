@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -178,7 +177,6 @@ func faults() []fault {
 		{
 			name:     "cut off at the output limit inside a tool call, before any text",
 			script:   []agenttest.Response{{FinishReason: "length", ToolCalls: []agenttest.ToolCall{{ID: "call_1", Name: "weather", Arguments: `{"city":"Par`}}}},
-			change:   func(c *agent.Config) { c.Tools = agent.NewRegistry(weather(new(int), new(sync.Mutex))) },
 			kind:     agent.ErrTruncated,
 			terminal: true, retryAfter: -1, calls: 1, user: userTruncated,
 			operator: `the model reached its output limit (finish reason "length") before it wrote any text (it was writing a tool call, which did not run): raise the model server's output token limit, or lower BATON_MODEL_CONTEXT_TOKENS (--model-context-tokens) to leave more of the context window for the answer`,
@@ -332,7 +330,7 @@ func TestEachFaultIsClassifiedByWhatARetryWouldChange(t *testing.T) {
 						f.change(c)
 					}
 				})
-				_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+				_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 				require.ErrorIs(t, err, f.kind)
 				require.Equal(t, f.terminal, agent.IsTerminal(err), "terminal")
 				require.Equal(t, f.terminal, consumer.IsTerminal(err), "terminal as the turn runner sees it")
@@ -382,7 +380,7 @@ func TestAConnectionRefusedIsRetriedThenUnavailable(t *testing.T) {
 	host := strings.TrimPrefix(srv.URL, "http://")
 	srv.Close()
 	a := newAgent(t, srv, func(c *agent.Config) { c.MaxRetries = 2 })
-	_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.ErrorIs(t, err, agent.ErrModelUnavailable)
 	require.False(t, agent.IsTerminal(err))
 	require.Equal(t, "the model server failed on 3 calls in a row in this attempt (last: the connection failed: dial tcp "+host+": connect: connection refused): "+checkServer, err.Error())
@@ -394,7 +392,7 @@ func TestAMalformedAnswerIsRetriedOnceAndAGoodOneWins(t *testing.T) {
 	both(t, func(t *testing.T, streaming bool) {
 		srv := agenttest.NewServer(t, agenttest.Response{Body: `<html>hello</html>`}, agenttest.Response{Content: "fine"})
 		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
-		reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		reply, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 		require.NoError(t, err)
 		require.Equal(t, consumer.Reply{Content: "fine"}, reply)
 		require.Len(t, srv.Requests(), 2)
@@ -407,7 +405,7 @@ func TestARetryAfterOf45SecondsIsHandedToTheTurnRunnerAfterOneCall(t *testing.T)
 		srv := agenttest.NewServer(t, status(429, errorBody("slow down", "requests", ""), "Retry-After", "45"))
 		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
 		start := time.Now()
-		_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 		var ra consumer.RetryAfterError
 		require.True(t, errors.As(err, &ra), "%v", err)
 		require.Equal(t, 45*time.Second, ra.RetryAfter())
@@ -426,7 +424,7 @@ func TestARateLimitWithoutRetryAfterBacksOffMoreOnLaterAttempts(t *testing.T) {
 		a := newAgent(t, srv, func(c *agent.Config) { c.MaxRetryDelay = 30 * time.Second })
 		turn := turnOf("hi")
 		turn.Attempt = attempt
-		_, err := a.Run(context.Background(), turn, newExecutor(agent.NewRegistry()))
+		_, err := run(context.Background(), a, turn, newExecutor(agent.NewRegistry()))
 		var ra consumer.RetryAfterError
 		require.True(t, errors.As(err, &ra), "%v", err)
 		require.GreaterOrEqual(t, ra.RetryAfter(), want/2, "attempt %d", attempt)

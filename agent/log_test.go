@@ -45,7 +45,7 @@ func TestLogLinesNameTheComponentOnce(t *testing.T) {
 		agenttest.Response{Content: "ok"},
 	)
 	a := newAgent(t, srv, func(c *agent.Config) { c.Logger = &log })
-	_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 
 	lines := buf.lines()

@@ -19,11 +19,14 @@ import (
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // executor runs tools like the turn runner's journal does, minus the
-// journal: for tests of the model loop alone. Tests of journaling run the
-// real worker on Postgres (worker_test.go).
+// journal: for tests of the model in the tool loop alone. Tests of
+// journaling run the real worker on Postgres (worker_test.go).
 type executor struct {
 	runID string
 	tools consumer.Tools
+	// maxTools and live are the loop's MaxToolIterations and Live.
+	maxTools int
+	live     consumer.Publisher
 
 	mu    sync.Mutex
 	calls []consumer.ToolCall
@@ -47,6 +50,21 @@ func (e *executor) Call(ctx context.Context, c consumer.ToolCall) (string, error
 		RunID:          e.runID,
 		Arguments:      c.Arguments,
 	})
+}
+
+// loopExecutor is an executor, or a test's executor built on one.
+type loopExecutor interface {
+	consumer.ToolExecutor
+	base() *executor
+}
+
+func (e *executor) base() *executor { return e }
+
+// run runs a turn's tool loop with a, as a worker does minus the journal:
+// ex runs the calls.
+func run(ctx context.Context, a consumer.Agent, turn consumer.Turn, ex loopExecutor) (consumer.Reply, error) {
+	b := ex.base()
+	return consumer.Loop{Agent: a, Tools: b.tools, Executor: ex, MaxToolIterations: b.maxTools, Live: b.live}.Run(ctx, turn)
 }
 
 func (e *executor) called() []consumer.ToolCall {

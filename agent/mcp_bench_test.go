@@ -19,31 +19,31 @@ import (
 	batonnats "github.com/batonhq/baton/nats"
 )
 
-// timedAgent times each tool call the agent makes through the turn
-// runner's journal: the operation started in PostgreSQL, the MCP call,
-// the outcome journaled.
+// timedAgent times each tool call the agent asks for, as the turn runner
+// makes it through its journal: from the step that asks for the call to
+// the next step, which the turn runner asks for once the operation was
+// started in PostgreSQL, the MCP call made and its outcome journaled.
 type timedAgent struct {
 	consumer.Agent
 	mu    sync.Mutex
+	asked map[string]time.Time // by run
 	calls []time.Duration
 }
 
-type timedTools struct {
-	consumer.ToolExecutor
-	a *timedAgent
-}
-
-func (a *timedAgent) Run(ctx context.Context, turn consumer.Turn, tools consumer.ToolExecutor) (consumer.Reply, error) {
-	return a.Agent.Run(ctx, turn, timedTools{tools, a})
-}
-
-func (t timedTools) Call(ctx context.Context, c consumer.ToolCall) (string, error) {
-	start := time.Now()
-	out, err := t.ToolExecutor.Call(ctx, c)
-	t.a.mu.Lock()
-	t.a.calls = append(t.a.calls, time.Since(start))
-	t.a.mu.Unlock()
-	return out, err
+func (a *timedAgent) Step(ctx context.Context, req consumer.StepRequest) (consumer.Step, error) {
+	a.mu.Lock()
+	if t, ok := a.asked[req.Turn.RunID]; ok && req.Index > 0 {
+		a.calls = append(a.calls, time.Since(t))
+		delete(a.asked, req.Turn.RunID)
+	}
+	a.mu.Unlock()
+	st, err := a.Agent.Step(ctx, req)
+	if err == nil && len(st.Calls) > 0 {
+		a.mu.Lock()
+		a.asked[req.Turn.RunID] = time.Now()
+		a.mu.Unlock()
+	}
+	return st, err
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {
@@ -85,7 +85,7 @@ func BenchmarkMCPCallOverhead(b *testing.B) {
 	b.Cleanup(func() { _ = m.Close() })
 	model := agenttest.NewResponder(b, callOnce("b__stamp", `{"doc":"d"}`))
 	reg := agent.NewRegistry()
-	timed := &timedAgent{Agent: newAgent(b, model, func(c *agent.Config) { c.Tools = reg })}
+	timed := &timedAgent{Agent: newAgent(b, model, nil), asked: map[string]time.Time{}}
 	s.startWorker(timed, reg, func(c *consumer.Config) { c.ToolSource = m })
 
 	var directCalls []time.Duration

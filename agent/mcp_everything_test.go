@@ -96,7 +96,7 @@ func toolResultEcho(tool func(user string) (name, args string)) agenttest.Respon
 func (s *stack) startMCPWorker(model *agenttest.Server, m *agent.MCP, change func(*consumer.Config)) func() {
 	s.t.Helper()
 	reg := agent.NewRegistry()
-	a := newAgent(s.t, model, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(s.t, model, nil)
 	return s.startWorker(a, reg, func(c *consumer.Config) {
 		c.ToolSource = m
 		if change != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -17,14 +18,13 @@ import (
 
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/telemetry"
-	batonnats "github.com/batonhq/baton/nats"
 )
 
-// OpenAI is a consumer.Agent that answers with a model server speaking
-// the OpenAI chat completions API. A turn is a loop: call the model with
-// the conversation and the tools; run the tool calls it asks for through
-// the turn runner's journal; call it again with their results; stop when
-// it answers without tool calls.
+// OpenAI is a consumer.Agent that answers each step of a turn with one
+// response of a model server speaking the OpenAI chat completions API: the
+// conversation, the earlier steps with their tool results and the
+// declared tools in, text and tool calls out. The turn runner's tool loop
+// runs the calls and asks for the next step.
 type OpenAI struct {
 	cfg  Config
 	chat openai.ChatCompletionService
@@ -56,147 +56,103 @@ func NewOpenAI(cfg Config) (*OpenAI, error) {
 	return &OpenAI{cfg: cfg, chat: chat, log: cfg.Logger.With().Str("model", cfg.Model).Logger()}, nil
 }
 
-// Run answers one turn. The reply is the text of every model step, one
-// paragraph each; it is also what the live events of the run add up to.
-// A reply the model cut off at its output limit comes back with Truncated
-// set.
-func (a *OpenAI) Run(ctx context.Context, turn consumer.Turn, tools consumer.ToolExecutor) (consumer.Reply, error) {
-	log := a.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).Logger()
-	lv := newLive(a.cfg.Live, turn.ConversationID, turn.RunID, log)
-	if turn.Live != nil {
-		lv.show = turn.Live.Show
+// Step answers one step with one model response, retried inside the step
+// for what may pass soon (see step). The request holds as much of the
+// conversation as fits ContextTokens, the turn's earlier steps with their
+// tool results, and the declared tools. An answer the model cut off at its
+// output limit comes back with Truncated set.
+func (a *OpenAI) Step(ctx context.Context, req consumer.StepRequest) (consumer.Step, error) {
+	turn := req.Turn
+	t := &stepCall{
+		OpenAI: a, live: req.Live, attempt: max(turn.Attempt, 1),
+		log: a.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).Logger(),
 	}
-	if turn.Attempt > 1 {
-		// Subscribers of the conversation drop what an earlier attempt
-		// showed.
-		lv.publish(batonnats.DeltaReset, "")
+	for _, s := range req.Steps {
+		t.calls += s.Requests
 	}
-	reg := a.cfg.Tools
-	if turn.Tools != nil {
-		// The tools listed for this turn (an MCP server's among them).
-		reg = registryOf(turn.Tools)
+	made := t.calls
+	toolParams := toolParamsOf(req.Tools)
+	w := newWindow(a.cfg, *turn, toolParams)
+	for _, s := range req.Steps {
+		w.addRound(s.Text, modelCalls(s.Calls), modelResults(s.Results))
 	}
-	toolParams := reg.params()
-	t := &turnLoop{
-		OpenAI: a, log: log, live: lv, tools: tools, reg: reg, ids: map[string]bool{},
-		attempt: max(turn.Attempt, 1), toolParams: toolParams,
-		window: newWindow(a.cfg, turn, toolParams),
-		resume: turn.Resume,
-	}
-	reply, err := t.run(ctx)
-	var suspended *consumer.Suspended
-	if errors.As(err, &suspended) {
-		// What this run showed comes back when the turn resumes.
-		lv.failed()
-		return consumer.Reply{}, err
-	}
+	r, err := w.next(ctx)
 	if err != nil {
-		if !errors.Is(err, consumer.ErrStopped) {
-			// A stopped turn keeps what it showed: that is its reply.
-			lv.failed()
-		}
-		return consumer.Reply{}, err
+		return consumer.Step{}, err
 	}
-	lv.done()
-	return reply, nil
+	t.log.Debug().Int("round", req.Index+1).Int("messages", len(r.messages)).Int("history_messages", r.history).
+		Int("estimated_tokens", r.tokens).Bool("trimmed", r.trimmed).Msg("model request")
+	st, err := t.step(ctx, openai.ChatCompletionNewParams{Model: a.cfg.Model, Messages: r.messages, Tools: toolParams})
+	out := consumer.Step{Text: st.content, Requests: t.calls - made}
+	if err != nil {
+		return out, err
+	}
+	for _, c := range st.calls {
+		out.Calls = append(out.Calls, consumer.ToolCall{ID: c.ID, Tool: c.Name, Arguments: json.RawMessage(c.Arguments)})
+	}
+	nothingYet := st.content == "" && req.ReplySoFar() == ""
+	switch {
+	case st.finish == "content_filter":
+		return out, &ModelError{Kind: ErrContentFiltered, User: userFiltered, Message: `the model stopped its answer for its content filter (finish reason "content_filter"); another attempt would be filtered too: if this happens often, check the system prompt (BATON_SYSTEM_PROMPT, --system-prompt)`}
+	case st.finish == "length" && nothingYet:
+		return out, &ModelError{Kind: ErrTruncated, User: userTruncated, Message: fmt.Sprintf(`the model reached its output limit (finish reason "length") before it wrote any text%s: raise the model server's output token limit, or lower BATON_MODEL_CONTEXT_TOKENS (--model-context-tokens) to leave more of the context window for the answer`, callsNote(len(st.calls)))}
+	case st.finish == "length":
+		// Cut off at the output limit: the text so far is the reply,
+		// marked as such. Tool calls of the step may be cut in half:
+		// none of them runs.
+		out.Truncated = true
+	case len(st.calls) == 0 && nothingYet:
+		return out, &ModelError{Kind: ErrEmptyReply, User: userEmpty, Message: fmt.Sprintf("the model returned an empty answer (finish reason %q, no text, no tool call); another attempt would likely do the same: check that model %q (BATON_MODEL, --model) is a chat model", st.finish, a.cfg.Model)}
+	}
+	return out, nil
 }
 
-// turnLoop is the state of one turn.
-type turnLoop struct {
+// stepCall is the state of one step's model call and its retries.
+type stepCall struct {
 	*OpenAI
-	log   zerolog.Logger
-	live  *live
-	tools consumer.ToolExecutor
+	log  zerolog.Logger
+	live consumer.StepLive
 	// attempt is the turn's attempt, from 1.
-	attempt    int
-	toolParams []openai.ChatCompletionToolUnionParam
-	window     *window
-	// calls counts model calls, retries included.
+	attempt int
+	// calls counts the turn's model calls, retries included.
 	calls int
-	// ids are the tool call IDs given to the journal in this run.
-	ids map[string]bool
-	// reg is the turn's tools.
-	reg *Registry
-	// resume is the approval the turn resumes from, until its call was
-	// answered.
-	resume *consumer.Resume
-	// rounds are the turn's tool rounds so far, as a suspension keeps them.
-	rounds []savedRound
 }
 
-func (t *turnLoop) run(ctx context.Context) (consumer.Reply, error) {
-	round := 0
-	if t.resume != nil {
-		step, err := t.restore()
-		if err != nil {
-			return consumer.Reply{}, err
+// toolParamsOf declares tools as a chat completions request does.
+func toolParamsOf(specs []consumer.ToolSpec) []openai.ChatCompletionToolUnionParam {
+	var out []openai.ChatCompletionToolUnionParam
+	for _, s := range specs {
+		var params map[string]any
+		_ = json.Unmarshal(s.Schema, &params)
+		fn := shared.FunctionDefinitionParam{Name: s.Name, Parameters: shared.FunctionParameters(params)}
+		if s.Description != "" {
+			fn.Description = openai.String(s.Description)
 		}
-		if err := t.finishStep(ctx, step.Round, step.Content, step.Calls, step.Results); err != nil {
-			return consumer.Reply{}, err
-		}
-		round = step.Round + 1
+		out = append(out, openai.ChatCompletionFunctionTool(fn))
 	}
-	for ; ; round++ {
-		req, err := t.window.next(ctx)
-		if err != nil {
-			return consumer.Reply{}, err
-		}
-		t.log.Debug().Int("round", round+1).Int("messages", len(req.messages)).Int("history_messages", req.history).
-			Int("estimated_tokens", req.tokens).Bool("trimmed", req.trimmed).Msg("model request")
-		params := openai.ChatCompletionNewParams{Model: t.cfg.Model, Messages: req.messages, Tools: t.toolParams}
-		st, err := t.step(ctx, params)
-		if err != nil {
-			return consumer.Reply{}, err
-		}
-		switch st.finish {
-		case "content_filter":
-			return consumer.Reply{}, &ModelError{Kind: ErrContentFiltered, User: userFiltered, Message: `the model stopped its answer for its content filter (finish reason "content_filter"); another attempt would be filtered too: if this happens often, check the system prompt (BATON_SYSTEM_PROMPT, --system-prompt)`}
-		case "length":
-			// Cut off at the output limit: the text so far is the reply,
-			// marked as such. Tool calls of the step may be cut in half:
-			// none of them runs.
-			t.live.commit(st.content)
-			if t.live.text() == "" {
-				return consumer.Reply{}, &ModelError{Kind: ErrTruncated, User: userTruncated, Message: fmt.Sprintf(`the model reached its output limit (finish reason "length") before it wrote any text%s: raise the model server's output token limit, or lower BATON_MODEL_CONTEXT_TOKENS (--model-context-tokens) to leave more of the context window for the answer`, callsNote(len(st.calls)))}
-			}
-			t.log.Info().Int("tool_calls_dropped", len(st.calls)).Msg("reply cut off at the model's output limit")
-			return consumer.Reply{Content: t.live.text(), Truncated: true}, nil
-		}
-		t.live.commit(st.content)
-		if len(st.calls) == 0 {
-			if t.live.text() == "" {
-				return consumer.Reply{}, &ModelError{Kind: ErrEmptyReply, User: userEmpty, Message: fmt.Sprintf("the model returned an empty answer (finish reason %q, no text, no tool call); another attempt would likely do the same: check that model %q (BATON_MODEL, --model) is a chat model", st.finish, t.cfg.Model)}
-			}
-			return consumer.Reply{Content: t.live.text()}, nil
-		}
-		if round >= t.cfg.MaxToolIterations {
-			return consumer.Reply{}, &ModelError{Kind: ErrBudgetExceeded, User: userToolRounds, Message: fmt.Sprintf("the model was still calling tools after %d rounds, the most a turn may use (BATON_MAX_TOOL_ITERATIONS, --max-tool-iterations): raise it if turns need more", t.cfg.MaxToolIterations)}
-		}
-		calls := t.identify(round, st.calls)
-		if err := t.finishStep(ctx, round, st.content, calls, nil); err != nil {
-			return consumer.Reply{}, err
-		}
-	}
+	return out
 }
 
-// finishStep runs the calls of a step that have no result yet, in order,
-// and adds the step to the window. A call that waits for a person's
-// approval stops the turn there (*consumer.Suspended), with what it needs
-// to go on from that call.
-func (t *turnLoop) finishStep(ctx context.Context, round int, content string, calls []toolCall, results []string) error {
-	for i := len(results); i < len(calls); i++ {
-		out, err := t.callTool(ctx, calls[i])
-		if errors.Is(err, consumer.ErrNeedsApproval) {
-			return t.suspend(savedRound{Round: round, Content: content, Calls: calls, Results: results})
-		}
-		if err != nil {
-			return err
-		}
-		results = append(results, out)
+// modelCalls are a step's calls as the model wrote them.
+func modelCalls(calls []consumer.ToolCall) []toolCall {
+	out := make([]toolCall, len(calls))
+	for i, c := range calls {
+		out[i] = toolCall{ID: c.ID, Name: c.Tool, Arguments: string(c.Arguments)}
 	}
-	t.window.addRound(content, calls, results)
-	t.rounds = append(t.rounds, savedRound{Round: round, Content: content, Calls: calls, Results: results})
-	return nil
+	return out
+}
+
+// modelResults are a step's results as the model reads them: a call that
+// failed or was not made reads "error: " and why.
+func modelResults(results []consumer.ToolResult) []string {
+	out := make([]string, len(results))
+	for i, r := range results {
+		out[i] = r.Output
+		if r.Error != "" {
+			out[i] = "error: " + r.Error
+		}
+	}
+	return out
 }
 
 // callsNote says how many tool calls a cut-off step left unrun.
@@ -208,70 +164,6 @@ func callsNote(n int) string {
 		return " (it was writing a tool call, which did not run)"
 	}
 	return fmt.Sprintf(" (it was writing %d tool calls, which did not run)", n)
-}
-
-// identify gives each call of a step an ID that is unique in the run,
-// which the journal requires and from which a write's idempotency key is
-// derived. Servers that give no ID, or the same ones each round, get
-// deterministic ones.
-func (t *turnLoop) identify(round int, calls []toolCall) []toolCall {
-	out := make([]toolCall, len(calls))
-	for i, c := range calls {
-		if c.ID == "" || t.ids[c.ID] {
-			c.ID = fmt.Sprintf("call_r%d_%d", round+1, i+1)
-			for n := 2; t.ids[c.ID]; n++ {
-				c.ID = fmt.Sprintf("call_r%d_%d_%d", round+1, i+1, n)
-			}
-		}
-		t.ids[c.ID] = true
-		out[i] = c
-	}
-	return out
-}
-
-// callTool runs one call and returns what the model gets back. A call the
-// model got wrong (unknown tool, broken or invalid arguments) and a
-// tool's own failure are answers for the model; only an error of the
-// journal (lost lease, deleted conversation, database) ends the turn.
-func (t *turnLoop) callTool(ctx context.Context, c toolCall) (string, error) {
-	log := t.log.With().Str("tool", c.Name).Str("tool_call_id", c.ID).Logger()
-	args := strings.TrimSpace(c.Arguments)
-	if args == "" {
-		args = "{}"
-	}
-	if t.resume != nil && c.ID == t.resume.ToolCallID {
-		// The call a person decided on: the journal answers it by the
-		// decision, with the arguments it stored.
-		t.resume = nil
-	} else {
-		tool, ok := t.reg.lookup(c.Name)
-		if !ok {
-			log.Info().Msg("model called an unknown tool")
-			return fmt.Sprintf("error: there is no tool %q; the tools are: %s", c.Name, strings.Join(t.reg.Names(), ", ")), nil
-		}
-		if err := tool.validate(json.RawMessage(args)); err != nil {
-			log.Info().Err(err).Msg("model called a tool with invalid arguments")
-			return "error: " + err.Error(), nil
-		}
-	}
-	out, err := t.tools.Call(ctx, consumer.ToolCall{ID: c.ID, Tool: c.Name, Arguments: json.RawMessage(args)})
-	var te *ToolError
-	var denied *consumer.DeniedError
-	var notSent *consumer.NotSentError
-	switch {
-	case errors.As(err, &denied), errors.As(err, &notSent):
-		log.Info().Err(err).Msg("call not made")
-		return "error: " + err.Error(), nil
-	case errors.As(err, &te):
-		log.Info().Err(te.Err).Msg("tool failed")
-		return "error: " + te.Err.Error(), nil
-	case errors.Is(err, consumer.ErrUnknownTool):
-		return "", fmt.Errorf("tool %q is offered to the model but the turn runner does not have it: give the worker the registry's Tools(): %w", c.Name, err)
-	case err != nil:
-		return "", err
-	}
-	log.Debug().Msg("tool completed")
-	return out, nil
 }
 
 // stepResult is one model response.
@@ -286,7 +178,7 @@ type stepResult struct {
 // Retry-After is at most MaxInlineRetryAfter, and one malformed answer.
 // A longer wait ends the attempt with a *RateLimitError at once, so the
 // turn runner schedules the next attempt instead of holding the lease.
-func (t *turnLoop) step(ctx context.Context, params openai.ChatCompletionNewParams) (stepResult, error) {
+func (t *stepCall) step(ctx context.Context, params openai.ChatCompletionNewParams) (stepResult, error) {
 	var failed, malformed int
 	var last *failure
 	for {
@@ -335,7 +227,7 @@ func (t *turnLoop) step(ctx context.Context, params openai.ChatCompletionNewPara
 				wait = backoff(failed-1, t.cfg.RetryBaseDelay, t.cfg.MaxRetryDelay)
 			}
 		}
-		t.live.retry()
+		t.live.Retry()
 		t.log.Warn().Str("failure", f.what).Int("status_code", f.status).Int("retry", failed).Dur("wait", wait).Msg("model call failed; retrying")
 		timer := time.NewTimer(wait)
 		select {
@@ -355,7 +247,7 @@ func calls(n int) string {
 	return fmt.Sprintf("%d calls in a row", n)
 }
 
-func (t *turnLoop) rateLimited(f *failure, n int) *RateLimitError {
+func (t *stepCall) rateLimited(f *failure, n int) *RateLimitError {
 	var wait time.Duration
 	var asked string
 	switch {
@@ -375,14 +267,14 @@ func (t *turnLoop) rateLimited(f *failure, n int) *RateLimitError {
 	}}
 }
 
-func (t *turnLoop) unavailable(f *failure, n int) *ModelError {
+func (t *stepCall) unavailable(f *failure, n int) *ModelError {
 	return &ModelError{
 		Kind: ErrModelUnavailable, StatusCode: f.status, User: userUnavailable, Cause: f.cause,
 		Message: fmt.Sprintf("the model server failed on %s in this attempt (last: %s): check that it is up and not overloaded at BATON_MODEL_BASE_URL (--model-base-url)", calls(n), f.what),
 	}
 }
 
-func (t *turnLoop) malformed(f *failure, n int) *ModelError {
+func (t *stepCall) malformed(f *failure, n int) *ModelError {
 	fix := "check that BATON_MODEL_BASE_URL (--model-base-url) is the API root of an OpenAI-compatible server"
 	if !t.cfg.DisableStreaming {
 		fix += ", or set --model-streaming=false (BATON_MODEL_STREAMING=false) if it cannot stream"
@@ -396,7 +288,7 @@ func (t *turnLoop) malformed(f *failure, n int) *ModelError {
 // call makes one request, streamed unless DisableStreaming, judged by its
 // progress (see watch) and capped at RequestTimeout. A failure comes back
 // as a *failure, or as the turn's own context error.
-func (t *turnLoop) call(ctx context.Context, params openai.ChatCompletionNewParams) (st stepResult, err error) {
+func (t *stepCall) call(ctx context.Context, params openai.ChatCompletionNewParams) (st stepResult, err error) {
 	// One span per request, retries included, named and described by the
 	// OpenTelemetry conventions for generative AI; never the content.
 	ctx, span := telemetry.Tracer().Start(ctx, "chat "+t.cfg.Model, trace.WithSpanKind(trace.SpanKindClient),
@@ -445,7 +337,7 @@ func (t *turnLoop) call(ctx context.Context, params openai.ChatCompletionNewPara
 	return st, t.classify(err, context.Cause(callCtx))
 }
 
-func (t *turnLoop) whole(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
+func (t *stepCall) whole(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
 	comp, err := t.chat.New(ctx, params, opt)
 	if err != nil {
 		return stepResult{}, err
@@ -466,7 +358,7 @@ func (t *turnLoop) whole(ctx context.Context, params openai.ChatCompletionNewPar
 	return st, nil
 }
 
-func (t *turnLoop) stream(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
+func (t *stepCall) stream(ctx context.Context, params openai.ChatCompletionNewParams, opt option.RequestOption) (stepResult, error) {
 	s := t.chat.NewStreaming(ctx, params, opt)
 	defer s.Close()
 	var st stepResult
@@ -482,8 +374,7 @@ func (t *turnLoop) stream(ctx context.Context, params openai.ChatCompletionNewPa
 				text = ch.Delta.Refusal
 			}
 			if text != "" {
-				t.live.separate()
-				t.live.delta(text)
+				t.live.Text(text)
 				content.WriteString(text)
 			}
 			for _, d := range ch.Delta.ToolCalls {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/schema"
 )
@@ -26,7 +27,6 @@ func TestRunSendsHistoryToolsAndTurnAndReturnsTheReply(t *testing.T) {
 		a := newAgent(t, srv, func(c *agent.Config) {
 			c.DisableStreaming = !streaming
 			c.SystemPrompt = "Be brief."
-			c.Tools = agent.NewRegistry(weather(&n, &mu))
 		})
 		history := []schema.Message{
 			{Role: schema.RoleUser, Content: "hello"},
@@ -34,7 +34,7 @@ func TestRunSendsHistoryToolsAndTurnAndReturnsTheReply(t *testing.T) {
 			{Role: schema.RoleUser, Content: "are you there?"},
 			{Role: schema.RoleError, Content: "The assistant could not answer after 3 attempts"},
 		}
-		reply, err := a.Run(context.Background(), turnOf("weather in Paris?", history...), newExecutor(agent.NewRegistry()))
+		reply, err := run(context.Background(), a, turnOf("weather in Paris?", history...), newExecutor(agent.NewRegistry(weather(&n, &mu))))
 		require.NoError(t, err)
 		require.Equal(t, "It is sunny in Paris.", reply.Content)
 
@@ -64,9 +64,9 @@ func TestToolCallsRunEvenWhenFinishReasonIsStop(t *testing.T) {
 		var n int
 		var mu sync.Mutex
 		reg := agent.NewRegistry(weather(&n, &mu))
-		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
 		ex := newExecutor(reg)
-		reply, err := a.Run(context.Background(), turnOf("weather?"), ex)
+		reply, err := run(context.Background(), a, turnOf("weather?"), ex)
 		require.NoError(t, err)
 		require.Equal(t, "Sunny in Oslo.", reply.Content)
 		require.Equal(t, 1, n, "the tool call sent with finish_reason stop must run once")
@@ -96,9 +96,9 @@ func TestBrokenToolArgumentsGoBackToTheModelAndTheTurnFinishes(t *testing.T) {
 		var n int
 		var mu sync.Mutex
 		reg := agent.NewRegistry(weather(&n, &mu))
-		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
 		ex := newExecutor(reg)
-		reply, err := a.Run(context.Background(), turnOf("weather?"), ex)
+		reply, err := run(context.Background(), a, turnOf("weather?"), ex)
 		require.NoError(t, err, "a tool error goes to the model, not to the user")
 		require.Equal(t, "Sunny in Paris.", reply.Content)
 		require.Equal(t, 1, n, "only the call with valid arguments may run")
@@ -122,7 +122,7 @@ func TestRetryAfterIsHonoredThen429Succeeds(t *testing.T) {
 			agenttest.Response{Content: "done"},
 		)
 		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
-		reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		reply, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 		require.NoError(t, err)
 		require.Equal(t, "done", reply.Content)
 		reqs := srv.Requests()
@@ -137,7 +137,7 @@ func TestServerErrorsAreRetriedWithBackoffThenGiveUpRetryably(t *testing.T) {
 	fail := agenttest.Response{Status: http.StatusBadGateway, Body: `{"error":{"message":"upstream"}}`}
 	srv := agenttest.NewServer(t, fail, fail, agenttest.Response{Content: "ok"})
 	a := newAgent(t, srv, nil)
-	reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	reply, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 	require.Equal(t, "ok", reply.Content)
 
@@ -145,7 +145,7 @@ func TestServerErrorsAreRetriedWithBackoffThenGiveUpRetryably(t *testing.T) {
 
 	srv = agenttest.NewServer(t, fail, fail)
 	a = newAgent(t, srv, func(c *agent.Config) { c.MaxRetries = 1 })
-	_, err = a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err = run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.ErrorIs(t, err, agent.ErrModelUnavailable)
 	require.False(t, agent.IsTerminal(err), "an unavailable server must leave the turn to another attempt")
 	require.Equal(t, "the model server failed on 2 calls in a row in this attempt (last: 502 Bad Gateway: upstream): "+checkServer, err.Error(), "the text counts the calls that were made")
@@ -163,7 +163,7 @@ func TestAStreamCutShortIsRetried(t *testing.T) {
 			t.Parallel()
 			srv := agenttest.NewServer(t, first, agenttest.Response{Content: "Hello again, world"})
 			a := newAgent(t, srv, nil)
-			reply, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+			reply, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 			require.NoError(t, err)
 			require.Equal(t, "Hello again, world", reply.Content, "text of a cut stream must not leak into the reply")
 			require.Len(t, srv.Requests(), 2)
@@ -180,17 +180,19 @@ func TestTheTurnBudgetStopsAModelThatKeepsCallingTools(t *testing.T) {
 	var n int
 	var mu sync.Mutex
 	reg := agent.NewRegistry(weather(&n, &mu))
-	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.MaxToolIterations = 2 })
-	_, err := a.Run(context.Background(), turnOf("loop"), newExecutor(reg))
-	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
-	require.True(t, agent.IsTerminal(err))
-	require.Equal(t, "the model was still calling tools after 2 rounds, the most a turn may use (BATON_MAX_TOOL_ITERATIONS, --max-tool-iterations): raise it if turns need more", err.Error())
+	a := newAgent(t, srv, nil)
+	ex := newExecutor(reg)
+	ex.maxTools = 2
+	_, err := run(context.Background(), a, turnOf("loop"), ex)
+	require.ErrorIs(t, err, consumer.ErrToolIterations)
+	require.True(t, consumer.IsTerminal(err))
+	require.Equal(t, "the agent was still calling tools after 2 steps, the most a turn may use (BATON_MAX_TOOL_ITERATIONS, --max-tool-iterations): raise it if turns need more", err.Error())
 	require.Equal(t, userToolRounds, userText(t, err))
 	require.Equal(t, 2, n)
 
 	srv = agenttest.NewServer(t, agenttest.Response{Status: 500}, agenttest.Response{Status: 500})
 	a = newAgent(t, srv, func(c *agent.Config) { c.MaxModelCalls = 2 })
-	_, err = a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err = run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
 	require.Equal(t, "the turn made all 2 model calls it may make (BATON_MAX_MODEL_CALLS, --max-model-calls); the last one failed: 500 Internal Server Error", err.Error())
 	require.Len(t, srv.Requests(), 2, "retries count against the model call budget")
@@ -206,9 +208,9 @@ func TestRepeatedOrMissingToolCallIDsGetUniqueOnes(t *testing.T) {
 	var n int
 	var mu sync.Mutex
 	reg := agent.NewRegistry(weather(&n, &mu))
-	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.DisableStreaming = true })
+	a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = true })
 	ex := newExecutor(reg)
-	_, err := a.Run(context.Background(), turnOf("go"), ex)
+	_, err := run(context.Background(), a, turnOf("go"), ex)
 	require.NoError(t, err)
 	ids := map[string]bool{}
 	for _, c := range ex.called() {
@@ -234,7 +236,6 @@ func TestConfigValidateNamesTheSetting(t *testing.T) {
 		{agent.Config{Model: "m", BaseURL: "localhost:8000"}, "BaseURL", "(not shown)"},
 		{agent.Config{}, "Model", `""`},
 		{agent.Config{Model: "m", MaxModelCalls: -1}, "MaxModelCalls", -1},
-		{agent.Config{Model: "m", MaxToolIterations: -1}, "MaxToolIterations", -1},
 		{agent.Config{Model: "m", RequestTimeout: -time.Second}, "RequestTimeout", -time.Second},
 		{agent.Config{Model: "m", FirstByteTimeout: -time.Second}, "FirstByteTimeout", -time.Second},
 		{agent.Config{Model: "m", IdleTimeout: -time.Second}, "IdleTimeout", -time.Second},

@@ -66,7 +66,7 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 
 	reg, err := agent.Builtins{WebhookURL: hook.URL}.Registry()
 	require.NoError(t, err)
-	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(t, model, nil)
 	s.startWorker(a, reg, nil)
 	failed := s.await("conv-kill", batonnats.EventReplied, batonnats.EventFailed)
 	require.Equal(t, batonnats.EventFailed, failed.Type, "an attempt that completed a write is not re-run")

@@ -36,7 +36,7 @@ func TestAStreamThatKeepsProducingIsNeverCutForBeingLong(t *testing.T) {
 		c.RequestTimeout = time.Minute
 	})
 	start := time.Now()
-	reply, err := a.Run(context.Background(), turnOf("write slowly"), newExecutor(agent.NewRegistry()))
+	reply, err := run(context.Background(), a, turnOf("write slowly"), newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 	require.Equal(t, consumer.Reply{Content: content}, reply)
 	require.Len(t, srv.Requests(), 1, "one call: a stream in progress is never paid for twice")
@@ -52,7 +52,7 @@ func TestTheOverallCapStillEndsACallThatNeverFinishes(t *testing.T) {
 		c.IdleTimeout = idleTimeout
 		c.RequestTimeout = time.Second
 	})
-	_, err := a.Run(context.Background(), turnOf("write slowly"), newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turnOf("write slowly"), newExecutor(agent.NewRegistry()))
 	require.ErrorIs(t, err, agent.ErrModelTimeout)
 	require.False(t, agent.IsTerminal(err))
 	require.Equal(t, "the model call was still running after 1s, the longest a call may take (BATON_MODEL_TIMEOUT, --model-timeout): raise it for very long answers", err.Error())
@@ -69,7 +69,7 @@ func TestAStreamThatStallsFailsAfterTheIdleTimeout(t *testing.T) {
 	srv := agenttest.NewServer(t, agenttest.Response{Content: "Hello there, world", StallAfter: 3})
 	a := newAgent(t, srv, func(c *agent.Config) { c.IdleTimeout = idle })
 	start := time.Now()
-	_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	took := time.Since(start)
 	require.ErrorIs(t, err, agent.ErrModelTimeout)
 	require.False(t, agent.IsTerminal(err), "a stall may pass: the turn runner tries another attempt")
@@ -90,7 +90,7 @@ func TestAServerThatSendsNothingFailsAfterTheFirstByteTimeout(t *testing.T) {
 			c.FirstByteTimeout = 200 * time.Millisecond
 		})
 		start := time.Now()
-		_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 		require.ErrorIs(t, err, agent.ErrModelTimeout)
 		require.False(t, agent.IsTerminal(err))
 		require.Equal(t, "the model server sent nothing for 200ms after the request (BATON_MODEL_FIRST_BYTE_TIMEOUT, --model-first-byte-timeout): check its load at BATON_MODEL_BASE_URL, or raise the timeout for a model that is slow to start", err.Error())
@@ -110,7 +110,7 @@ func TestTheTurnsOwnEndIsNotAModelFault(t *testing.T) {
 		<-srv.Arrived()
 		cancel(consumer.ErrTurnTimeout)
 	}()
-	_, err := a.Run(ctx, turnOf("hi"), newExecutor(agent.NewRegistry()))
+	_, err := run(ctx, a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 	require.ErrorIs(t, err, consumer.ErrTurnTimeout)
 	require.False(t, agent.IsTerminal(err))
 }
@@ -135,7 +135,7 @@ func TestAtFullScaleAStreamIsJudgedByItsProgress(t *testing.T) {
 			c.RequestTimeout = 10 * time.Minute
 		})
 		start := time.Now()
-		reply, err := a.Run(context.Background(), turnOf("write slowly"), newExecutor(agent.NewRegistry()))
+		reply, err := run(context.Background(), a, turnOf("write slowly"), newExecutor(agent.NewRegistry()))
 		require.NoError(t, err)
 		require.Equal(t, consumer.Reply{Content: content}, reply)
 		require.Len(t, srv.Requests(), 1)
@@ -149,7 +149,7 @@ func TestAtFullScaleAStreamIsJudgedByItsProgress(t *testing.T) {
 			c.IdleTimeout = idle
 		})
 		start := time.Now()
-		_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(agent.NewRegistry()))
+		_, err := run(context.Background(), a, turnOf("hi"), newExecutor(agent.NewRegistry()))
 		took := time.Since(start)
 		require.ErrorIs(t, err, agent.ErrModelTimeout)
 		require.Len(t, srv.Requests(), 1)

@@ -5,9 +5,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/shared"
-
 	"github.com/batonhq/baton/consumer"
 )
 
@@ -91,20 +88,12 @@ func (r *Registry) lookup(name string) (*compiled, bool) {
 	return c, ok
 }
 
-// params are the tools as a chat completions request declares them, in
-// name order so requests are stable.
-func (r *Registry) params() []openai.ChatCompletionToolUnionParam {
-	var out []openai.ChatCompletionToolUnionParam
+// Specs declare the registered tools, in name order.
+func (r *Registry) Specs() []consumer.ToolSpec {
+	var out []consumer.ToolSpec
 	for _, n := range r.Names() {
 		c, _ := r.lookup(n)
-		fn := shared.FunctionDefinitionParam{
-			Name:       c.spec.Name,
-			Parameters: shared.FunctionParameters(c.parameters),
-		}
-		if c.spec.Description != "" {
-			fn.Description = openai.String(c.spec.Description)
-		}
-		out = append(out, openai.ChatCompletionFunctionTool(fn))
+		out = append(out, c.Spec())
 	}
 	return out
 }

@@ -66,8 +66,10 @@ func TestStreamedDeltasArriveInOrderAndAddUpToTheReply(t *testing.T) {
 	var n int
 	var mu sync.Mutex
 	reg := agent.NewRegistry(weather(&n, &mu))
-	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.Live = pub })
-	reply, err := a.Run(context.Background(), turn, newExecutor(reg))
+	a := newAgent(t, srv, nil)
+	ex := newExecutor(reg)
+	ex.live = pub
+	reply, err := run(context.Background(), a, turn, ex)
 	require.NoError(t, err)
 	require.Equal(t, "Let me check the weather.\n\nIt is sunny in Lima, 24 degrees, light wind from the west.", reply.Content)
 
@@ -91,8 +93,10 @@ func TestARetriedStreamResetsTheLiveReply(t *testing.T) {
 		agenttest.Response{Status: 500, Body: `{"error":{"message":"boom"}}`},
 		agenttest.Response{Content: "Final answer."},
 	)
-	a := newAgent(t, srv, func(c *agent.Config) { c.Live = pub })
-	reply, err := a.Run(context.Background(), turn, newExecutor(agent.NewRegistry()))
+	a := newAgent(t, srv, nil)
+	ex := newExecutor(agent.NewRegistry())
+	ex.live = pub
+	reply, err := run(context.Background(), a, turn, ex)
 	require.NoError(t, err)
 	require.Equal(t, "Final answer.", reply.Content)
 
@@ -117,8 +121,10 @@ func TestALaterAttemptStartsWithAResetAndAFailedOneEndsWithOne(t *testing.T) {
 	turn.Attempt = 2
 	pub, sub := liveSetup(t, turn.ConversationID, turn.RunID)
 	srv := agenttest.NewServer(t, agenttest.Response{Content: "partial", CutAfter: 1})
-	a := newAgent(t, srv, func(c *agent.Config) { c.Live = pub; c.MaxModelCalls = 1 })
-	_, err := a.Run(context.Background(), turn, newExecutor(agent.NewRegistry()))
+	a := newAgent(t, srv, func(c *agent.Config) { c.MaxModelCalls = 1 })
+	ex := newExecutor(agent.NewRegistry())
+	ex.live = pub
+	_, err := run(context.Background(), a, turn, ex)
 	require.ErrorIs(t, err, agent.ErrBudgetExceeded)
 
 	require.NoError(t, pub.Flush())

@@ -106,9 +106,15 @@ func compile(t Tool) (*compiled, error) {
 	return &compiled{spec: t, schema: sch, parameters: params}, nil
 }
 
-// validate checks the model's arguments before anything runs. Its errors
-// are written for the model, which gets them as the tool's answer.
-func (c *compiled) validate(args json.RawMessage) error {
+// Spec declares the tool to agents (consumer.DeclaredTool).
+func (c *compiled) Spec() consumer.ToolSpec {
+	return consumer.ToolSpec{Name: c.spec.Name, Description: c.spec.Description, Schema: c.spec.Schema}
+}
+
+// Validate checks the model's arguments before anything runs
+// (consumer.DeclaredTool). Its errors are written for the model, which
+// gets them as the tool's answer.
+func (c *compiled) Validate(args json.RawMessage) error {
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
 	if err != nil {
 		return fmt.Errorf("the arguments %q are not valid JSON (%v); call %s again with one JSON object that matches its schema", truncate(string(args), 200), err, c.spec.Name)
@@ -139,9 +145,9 @@ func (c *compiled) IdempotencyKey(runID, toolCallID string) string {
 	return consumer.IdempotencyKey(runID, toolCallID)
 }
 
-// Call runs the handler. A handler's error is marked as the tool's, so the
-// agent can tell it from a journal error (a lost lease, a deleted
-// conversation), which must end the turn instead.
+// Call runs the handler. A handler's error is marked as the tool's
+// (consumer.ToolError), so the tool loop can tell it from a journal error
+// (a lost lease, a deleted conversation), which must end the turn instead.
 func (c *compiled) Call(ctx context.Context, inv consumer.Invocation) (string, error) {
 	out, err := c.spec.Handler(ctx, inv)
 	var unknown *consumer.OutcomeUnknownError
@@ -156,12 +162,6 @@ func (c *compiled) Call(ctx context.Context, inv consumer.Invocation) (string, e
 	return out, nil
 }
 
-// ToolError is a tool's own failure. It goes back to the model, which may
+// ToolError is a tool's own failure: it goes back to the model, which may
 // try otherwise; it does not fail the turn.
-type ToolError struct {
-	Tool string
-	Err  error
-}
-
-func (e *ToolError) Error() string { return e.Tool + ": " + e.Err.Error() }
-func (e *ToolError) Unwrap() error { return e.Err }
+type ToolError = consumer.ToolError

@@ -36,10 +36,10 @@ func TestEachModelCallIsASpanOfTheTurn(t *testing.T) {
 	var n int
 	var mu sync.Mutex
 	reg := agent.NewRegistry(weather(&n, &mu))
-	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(t, srv, nil)
 
 	ctx, turn := telemetry.Tracer().Start(context.Background(), "turn")
-	_, err := a.Run(ctx, turnOf("weather in Lima? my secret is 42"), newExecutor(reg))
+	_, err := run(ctx, a, turnOf("weather in Lima? my secret is 42"), newExecutor(reg))
 	require.NoError(t, err)
 	turn.End()
 

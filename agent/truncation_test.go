@@ -17,7 +17,7 @@ func TestAReplyCutOffAtTheOutputLimitIsMarkedTruncated(t *testing.T) {
 	both(t, func(t *testing.T, streaming bool) {
 		srv := agenttest.NewServer(t, agenttest.Response{Content: "The three reasons are: first, the", FinishReason: "length"})
 		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
-		reply, err := a.Run(context.Background(), turnOf("why?"), newExecutor(agent.NewRegistry()))
+		reply, err := run(context.Background(), a, turnOf("why?"), newExecutor(agent.NewRegistry()))
 		require.NoError(t, err)
 		require.Equal(t, consumer.Reply{Content: "The three reasons are: first, the", Truncated: true}, reply)
 		require.Len(t, srv.Requests(), 1)
@@ -35,9 +35,9 @@ func TestAToolCallCutOffAtTheOutputLimitDoesNotRun(t *testing.T) {
 		var n int
 		var mu sync.Mutex
 		reg := agent.NewRegistry(weather(&n, &mu))
-		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
 		ex := newExecutor(reg)
-		reply, err := a.Run(context.Background(), turnOf("weather in Lima?"), ex)
+		reply, err := run(context.Background(), a, turnOf("weather in Lima?"), ex)
 		require.NoError(t, err)
 		require.Equal(t, consumer.Reply{Content: "Let me check the weather.", Truncated: true}, reply)
 		require.Empty(t, ex.called(), "half a tool call must not reach the journal")
@@ -56,8 +56,8 @@ func TestACutOffAfterAToolRoundKeepsTheTextSoFar(t *testing.T) {
 		var n int
 		var mu sync.Mutex
 		reg := agent.NewRegistry(weather(&n, &mu))
-		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg })
-		reply, err := a.Run(context.Background(), turnOf("weather in Lima?"), newExecutor(reg))
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming })
+		reply, err := run(context.Background(), a, turnOf("weather in Lima?"), newExecutor(reg))
 		require.NoError(t, err)
 		require.Equal(t, consumer.Reply{Content: "Let me check.\n\nIt is sunny in Lima, and tomorrow", Truncated: true}, reply)
 		require.Equal(t, 1, n)

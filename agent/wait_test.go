@@ -56,7 +56,7 @@ func TestARetryAfterOf45SecondsIsWaitedOutsideTheLease(t *testing.T) {
 		return append([]time.Time(nil), calls[conv]...)
 	}
 	reg := agent.NewRegistry()
-	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(t, model, nil)
 	s.startWorker(a, reg, func(c *consumer.Config) { c.MaxAttempts = 3 })
 
 	s.send("busy", "m1", "busy: hello")

@@ -67,14 +67,17 @@ func TestEveryRequestOfALongConversationStaysWithinTheBudget(t *testing.T) {
 		a := newAgent(t, srv, func(c *agent.Config) {
 			c.DisableStreaming = !streaming
 			c.SystemPrompt = systemPrompt
-			c.Tools = reg
-			c.MaxToolIterations = rounds
 			c.MaxModelCalls = rounds + 1
 		})
+		ex := func() *executor {
+			ex := newExecutor(reg)
+			ex.maxTools = rounds
+			return ex
+		}
 		turn := conv.turn(question, consumer.DefaultHistoryLimit)
 		stored := append([]schema.Message(nil), turn.History...)
 		for range 2 {
-			reply, err := a.Run(context.Background(), turn, newExecutor(reg))
+			reply, err := run(context.Background(), a, turn, ex())
 			require.NoError(t, err)
 			require.Equal(t, "All looked up.", reply.Content)
 		}
@@ -101,7 +104,7 @@ func TestHistoryIsReadAPageAtATimeOnlyWhileTheBudgetHasRoom(t *testing.T) {
 		return agenttest.Response{Content: "ok"}
 	})
 	a := newAgent(t, srv, nil)
-	_, err := a.Run(context.Background(), conv.turn("and now?", consumer.DefaultHistoryLimit), newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, conv.turn("and now?", consumer.DefaultHistoryLimit), newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 
 	history := len(sent.Messages) - 1
@@ -125,7 +128,7 @@ func TestAShortConversationIsSentWholeWithoutBatonsWords(t *testing.T) {
 	turn.History[5].Role = schema.RoleError
 	srv := agenttest.NewServer(t, agenttest.Response{Content: "ok"})
 	a := newAgent(t, srv, nil)
-	_, err := a.Run(context.Background(), turn, newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turn, newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 	req := srv.Requests()[0]
 	require.Len(t, req.Messages, 30, "29 earlier messages and the turn's")
@@ -158,7 +161,7 @@ func TestATurnOverTheBudgetIsCutOldestFirstAndTheNewestKept(t *testing.T) {
 	stored := append([]schema.Message(nil), turn.Messages...)
 	srv := agenttest.NewServer(t, agenttest.Response{Content: "The same."})
 	a := newAgent(t, srv, func(c *agent.Config) { c.ContextTokens = 4000 })
-	_, err := a.Run(context.Background(), turn, newExecutor(agent.NewRegistry()))
+	_, err := run(context.Background(), a, turn, newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 	require.Equal(t, stored, turn.Messages)
 
@@ -180,7 +183,7 @@ func TestANewestMessageLargerThanTheBudgetIsCutNotRefused(t *testing.T) {
 	huge := "Start. " + strings.Repeat("éàü ", 20000) + "What is this?"
 	srv := agenttest.NewServer(t, agenttest.Response{Content: "Vowels."})
 	a := newAgent(t, srv, func(c *agent.Config) { c.ContextTokens = 2000 })
-	reply, err := a.Run(context.Background(), turnOf(huge), newExecutor(agent.NewRegistry()))
+	reply, err := run(context.Background(), a, turnOf(huge), newExecutor(agent.NewRegistry()))
 	require.NoError(t, err)
 	require.Equal(t, "Vowels.", reply.Content)
 	req := srv.Requests()[0]
@@ -201,9 +204,9 @@ func TestToolResultsAreCappedForTheModelAndWholeForTheJournal(t *testing.T) {
 		)
 		tool := lookup(40000)
 		reg := agent.NewRegistry(tool)
-		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.Tools = reg; c.MaxToolResultBytes = 1024 })
+		a := newAgent(t, srv, func(c *agent.Config) { c.DisableStreaming = !streaming; c.MaxToolResultBytes = 1024 })
 		ex := &recorder{executor: newExecutor(reg)}
-		_, err := a.Run(context.Background(), turnOf("look it up"), ex)
+		_, err := run(context.Background(), a, turnOf("look it up"), ex)
 		require.NoError(t, err)
 		whole := ex.outputs[0]
 		require.Greater(t, len(whole), 40000, "the journal gets the whole result")
@@ -234,12 +237,12 @@ func TestATurnThatCannotFitFailsWithoutACall(t *testing.T) {
 	t.Parallel()
 	reg := agent.NewRegistry()
 	srv := agenttest.NewServer(t)
-	a := newAgent(t, srv, func(c *agent.Config) { c.Tools = reg; c.ContextTokens = 1100 })
+	a := newAgent(t, srv, func(c *agent.Config) { c.ContextTokens = 1100 })
 	require.NoError(t, reg.Register(agent.Tool{
 		Name: "big", Description: strings.Repeat("A tool with a long description. ", 200), Effect: agent.Read,
 		Handler: func(context.Context, agent.Invocation) (string, error) { return "", nil },
 	}))
-	_, err := a.Run(context.Background(), turnOf("hi"), newExecutor(reg))
+	_, err := run(context.Background(), a, turnOf("hi"), newExecutor(reg))
 	require.ErrorIs(t, err, agent.ErrContextBudget)
 	require.True(t, agent.IsTerminal(err))
 	require.Regexp(t, `^the turn does not fit BATON_MODEL_CONTEXT_TOKENS \(--model-context-tokens\) of 1100 tokens even with its tool results left out and its messages cut \(the system prompt and the tool declarations take [0-9]+\): raise it, or shorten the system prompt \(BATON_SYSTEM_PROMPT, --system-prompt\)$`, err.Error())

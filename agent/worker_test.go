@@ -249,7 +249,7 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 		agenttest.Response{Status: http.StatusInternalServerError, Body: `{"error":{"message":"overloaded"}}`},
 		agenttest.Response{Content: "Ticket 7 is open."},
 	)
-	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg; c.Live = s.nc })
+	a := newAgent(t, model, nil)
 	s.startWorker(a, reg, nil)
 	live, err := s.nc.SubscribeSync(batonnats.LiveConversationSubject("conv-ticket"))
 	require.NoError(t, err)
@@ -309,7 +309,7 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	// turn after the first.
 	model := agenttest.NewServer(t, refused, refused, refused)
 	reg := agent.NewRegistry()
-	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(t, model, nil)
 	s.startWorker(a, reg, func(c *consumer.Config) { c.MaxAttempts = 3 })
 
 	s.send("conv-401", "m1", "hello")
@@ -343,7 +343,7 @@ func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T
 		// The worker goes away while the model writes the answer.
 		agenttest.Response{Hang: true},
 	)
-	a := newAgent(t, model, func(c *agent.Config) { c.Tools = reg })
+	a := newAgent(t, model, nil)
 	stop := s.startWorker(a, reg, func(c *consumer.Config) { c.ShutdownTimeout = 100 * time.Millisecond })
 
 	s.send("conv-cut", "m1", "open a ticket")

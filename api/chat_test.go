@@ -84,7 +84,7 @@ func startChatStack(t *testing.T) *chatStack {
 	require.NoError(t, err)
 	model := agenttest.NewResponder(t, chatModel)
 	reg := agent.NewRegistry(agent.Clock(nil))
-	a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), Model: "test", Tools: reg})
+	a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), Model: "test"})
 	require.NoError(t, err)
 	mail := agenttest.NewMCPServer(t)
 	mcp, err := agent.NewMCP(agent.MCPConfig{DB: db.Pool, Servers: []agent.MCPServer{{Name: "mail", URL: mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true})

@@ -1,25 +1,33 @@
 // Package consumer runs agent turns from the outbox stream: a durable
 // JetStream consumer group whose workers gather a conversation's triggers
 // in a mailbox, claim its pending outbox rows in one transaction, run the
-// agent with journaled tools, and finalize the turn in one transaction
-// before they acknowledge the triggers. Postgres is the arbiter of every
-// step; the broker only wakes workers up.
+// turn's steps with journaled tools, and finalize the turn in one
+// transaction before they acknowledge the triggers. Postgres is the
+// arbiter of every step; the broker only wakes workers up.
 package consumer
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/batonhq/baton/schema"
 )
 
-// Agent produces the reply of one turn. It may take minutes; it is given a
-// context that ends when the turn must stop (shutdown, lost lease, deleted
-// conversation) and must return soon after.
+// Agent answers one step of a turn: it is a step provider. The turn runner
+// drives the loop, the same for every agent: it asks the agent for a step,
+// journals and runs the tool calls the step asks for (with their
+// approvals), and asks for the next step with their results, until a step
+// asks for no tool. An agent never runs a tool itself, so every side
+// effect goes through the journal.
+//
+// A step may take minutes; its context ends when the turn must stop
+// (shutdown, lost lease, a stop, deleted conversation), and the agent
+// must return soon after.
 type Agent interface {
-	Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error)
+	Step(ctx context.Context, req StepRequest) (Step, error)
 }
 
 // Turn is what an agent answers: exactly the claimed messages, with the
@@ -38,24 +46,94 @@ type Turn struct {
 	// MoreHistory, when set, loads up to limit messages said before the
 	// message whose Seq is beforeSeq, newest first, for an agent whose
 	// context budget can use more than History holds. It reads only what
-	// is asked for.
+	// is asked for, and each page once per turn.
 	MoreHistory func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error)
-	// Live, when set, shows the reply while the agent writes it; the turn
-	// runner sets it. A stopped turn's reply is what the agent showed
-	// there, so an agent that streams shows every piece of text it
-	// writes, and keeps it shown when its context ends with ErrStopped.
-	Live Live
-	// Tools are the tools of this turn, when a Config.ToolSource listed
-	// them as the turn started; nil otherwise (the agent's own tools).
-	Tools Tools
-	// Resume, when set, is a turn that stopped at a call for a person's
-	// approval (the agent returned Suspended) and goes on from there: the
-	// agent restores Resume.State and calls that tool call again, which
-	// the journal answers by the decision, without asking the model again.
-	Resume *Resume
 }
 
-// Reply is an agent's answer.
+// StepRequest is what one step of a turn is given.
+type StepRequest struct {
+	// Turn is the turn; the same for each of its steps.
+	Turn *Turn
+	// Index numbers the step within the turn, from 0.
+	Index int
+	// Steps are the turn's earlier steps, oldest first, each with the
+	// results of its calls.
+	Steps []Step
+	// Tools are the tools the agent may call (those that declare
+	// themselves, see DeclaredTool), sorted by name; the same for each
+	// step of a turn.
+	Tools []ToolSpec
+	// Live shows the step's text while the agent writes it. A step that
+	// streams shows each piece; one that does not shows nothing, and its
+	// text is shown when the step returns.
+	Live StepLive
+}
+
+// ReplySoFar is the reply of the earlier steps: their texts, a paragraph
+// each.
+func (r StepRequest) ReplySoFar() string {
+	var parts []string
+	for _, s := range r.Steps {
+		if s.Text != "" {
+			parts = append(parts, s.Text)
+		}
+	}
+	return strings.Join(parts, paragraph)
+}
+
+// paragraph separates the texts of a turn's steps in its reply.
+const paragraph = "\n\n"
+
+// Step is an agent's answer to one step: text, tool calls for the turn
+// runner to run, or both.
+type Step struct {
+	// Text is what the step says, whole (also when it streamed).
+	Text string `json:"text,omitempty"`
+	// Calls are the tools the step asks for, in order. The turn runner
+	// gives each an ID unique within the turn when the agent gave none,
+	// or one an earlier call has.
+	Calls []ToolCall `json:"calls,omitempty"`
+	// Results are the answers of Calls, one each, in order: set by the
+	// turn runner, for the steps after this one.
+	Results []ToolResult `json:"results,omitempty"`
+	// Truncated is set when the agent stopped before the end of its
+	// answer (a model that ran out of output tokens): the turn's reply is
+	// the text so far, stored and shown as cut off, and Calls (perhaps
+	// cut in half) do not run.
+	Truncated bool `json:"truncated,omitempty"`
+	// Requests counts the requests the agent made for this step, retries
+	// included, for budgets that span a turn.
+	Requests int `json:"requests,omitempty"`
+}
+
+// ToolResult is the answer of one tool call.
+type ToolResult struct {
+	// Output is what the tool returned.
+	Output string `json:"output,omitempty"`
+	// Error, when set, says why the call failed or was not made (an
+	// unknown tool, arguments that do not match its schema, the tool's
+	// own failure, a person's denial): the agent may react to it.
+	Error string `json:"error,omitempty"`
+}
+
+// ToolSpec is how a tool presents itself to an agent.
+type ToolSpec struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Schema is the JSON Schema of the arguments, an object schema.
+	Schema json.RawMessage `json:"parameters"`
+}
+
+// StepLive shows a step while an agent writes it (see StepRequest.Live).
+type StepLive interface {
+	// Text appends text to the step's answer.
+	Text(delta string)
+	// Retry voids what the step has shown so far: the agent tries it
+	// again.
+	Retry()
+}
+
+// Reply is a turn's answer.
 type Reply struct {
 	Content string
 	// Truncated is set when the model stopped before the end of its
@@ -131,52 +209,6 @@ func validReason(s string) bool {
 	return true
 }
 
-// Effect says whether a tool changes the world. Recovery depends on it: an
-// interrupted attempt that started a write is never re-run silently.
-type Effect = schema.Effect
-
-const (
-	EffectRead  = schema.EffectRead
-	EffectWrite = schema.EffectWrite
-)
-
-// Tool is one versioned capability an agent may call.
-type Tool interface {
-	Name() string
-	Version() string
-	Effect() Effect
-	// Call runs the tool once. A write tool should pass inv.IdempotencyKey
-	// to the system it changes, so that a retry below Baton's level does
-	// not repeat the effect.
-	Call(ctx context.Context, inv Invocation) (string, error)
-}
-
-// Invocation is one journaled call of a tool.
-type Invocation struct {
-	OperationID    int64
-	IdempotencyKey string
-	ConversationID string
-	RunID          string
-	Arguments      json.RawMessage
-}
-
-// ToolCall is an agent's request to run a tool.
-type ToolCall struct {
-	// ID is unique within the run (a model's tool call ID).
-	ID        string
-	Tool      string
-	Arguments json.RawMessage
-}
-
-// ToolExecutor runs tools for an agent, journaling each call in operations:
-// started before the tool runs, completed or failed after.
-type ToolExecutor interface {
-	Call(ctx context.Context, call ToolCall) (string, error)
-}
-
-// ErrUnknownTool is returned for a call of a tool that is not registered.
-var ErrUnknownTool = errors.New("unknown tool")
-
 // TerminalError marks an agent error that another attempt cannot fix (a
 // refused API key, an unknown model, an exhausted budget): the turn fails
 // at once. The user reads its UserText() when it has one (a short
@@ -190,4 +222,17 @@ type TerminalError interface {
 func IsTerminal(err error) bool {
 	var t TerminalError
 	return errors.As(err, &t) && t.Terminal()
+}
+
+// ErrTurnTimeout ends a turn that ran past Config.TurnTimeout.
+var ErrTurnTimeout = errors.New("the turn ran past its deadline")
+
+// userText is the short explanation for the user that an agent error
+// offers (a UserText() string method), or none.
+func userText(cause error) string {
+	var u interface{ UserText() string }
+	if errors.As(cause, &u) {
+		return u.UserText()
+	}
+	return ""
 }

@@ -1,78 +1,21 @@
 package consumer
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
-
-	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
 
-// ToolSource lists the tools of a turn when it starts, such as the tools
-// of MCP servers. The set it returns is the turn's for the whole turn: a
-// server that changes its list meanwhile changes the next turn's.
-type ToolSource interface {
-	TurnTools(ctx context.Context) (Tools, error)
-}
-
-// ApprovalTool is a Tool whose calls may wait for a person. The journal
-// asks before each call of a write: a call that needs approval is not
-// sent; the turn stops (see Suspended) and resumes once someone decided.
-// Nothing a tool returns or a model says changes the answer: it is the
-// operator's policy, fixed when the tool was built.
-type ApprovalTool interface {
-	Tool
-	NeedsApproval() bool
-}
-
-// DefinedTool is a Tool with a definition it can change (an MCP
-// server's): the SHA-256 of that definition is journaled with each call,
-// and an approved call is sent only under the definition it was approved
-// with.
-type DefinedTool interface {
-	Tool
-	DefinitionSHA256() string
-}
-
-// KeyedTool is a Tool that derives the idempotency key of its calls
-// itself, for example with the name of the server that receives it. The
-// journal stores the key it returns, and an approved call is sent with the
-// key stored when approval was asked.
-type KeyedTool interface {
-	Tool
-	IdempotencyKey(runID, toolCallID string) string
-}
-
-// OutcomeUnknownError is a tool's failure after its request may have
-// left: a transport error, a timeout, a lost answer. For a write, the
-// side effect may have happened: the turn fails visibly and the call is
-// never sent again. A tool returns it instead of a failure the model may
-// react to.
-type OutcomeUnknownError struct {
-	Tool string
-	Err  error
-}
-
-func (e *OutcomeUnknownError) Error() string {
-	return fmt.Sprintf("%s: the call was sent and its outcome is unknown: %v", e.Tool, e.Err)
-}
-
-func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
-
 // ErrNeedsApproval is what the journal answers a call that waits for a
-// person's approval: the agent stops the turn with Suspended.
+// person's approval: the tool loop stops the turn with Suspended.
 var ErrNeedsApproval = errors.New("the call waits for a person's approval")
 
-// Suspended is an agent's answer when its turn stopped at a call that
-// needs approval (ErrNeedsApproval): State is what the agent needs to go
-// on from that call, without asking the model again, when the turn
-// resumes (Turn.Resume).
+// Suspended ends a turn that stopped at a call that needs approval
+// (ErrNeedsApproval): State is what the tool loop needs to go on from that
+// call, without asking the agent again, when the turn resumes.
 type Suspended struct {
 	State json.RawMessage
 }
@@ -88,13 +31,21 @@ type Resume struct {
 	Tool       string
 	// Status is approved, denied or expired.
 	Status string
-	// State is what the agent returned in Suspended.
+	// State is what the turn kept in Suspended.
 	State json.RawMessage
+}
+
+// resumeOf is the tool loop's view of a claim's approval.
+func resumeOf(r *schema.Resume) *Resume {
+	if r == nil {
+		return nil
+	}
+	return &Resume{ApprovalID: r.ApprovalID, ToolCallID: r.ToolCallID, Tool: r.Tool, Status: r.Status, State: r.State}
 }
 
 // DeniedError is the journal's answer to a resumed call that a person
 // denied, or whose approval expired: the call was not sent. Its text is
-// for the model.
+// for the agent.
 type DeniedError struct {
 	Tool   string
 	Status string
@@ -109,7 +60,7 @@ func (e *DeniedError) Error() string {
 
 // NotSentError is the journal's answer to an approved call that could not
 // be sent as it was approved (its tool or its arguments changed). Its
-// text is for the model.
+// text is for the agent.
 type NotSentError struct {
 	Tool, Why string
 }
@@ -118,66 +69,114 @@ func (e *NotSentError) Error() string {
 	return fmt.Sprintf("the approved call of %s was not made: %s", e.Tool, e.Why)
 }
 
-// park stops a turn at the call that waits for approval: the call, the
-// agent's state and the approval commit with the rows back to pending and
-// the conversation released, in one transaction fenced by the run's lease.
-// The triggers are acked: the decision announces the rows again.
-//
-// A turn that was asked to stop meanwhile does not wait: it ends stopped
-// with what it showed, and the call is never journaled.
-func (w *Worker) park(ctx context.Context, log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim, j *journal, s *Suspended) {
-	p := j.parkRequest()
-	if p == nil {
-		w.failAttempt(ctx, log, batch, claim, errors.New("the agent stopped for an approval that the journal did not ask for"))
-		return
-	}
-	p.TurnID, p.OutboxIDs, p.State, p.TTL = claim.TurnID, claim.OutboxIDs, s.State, w.cfg.ApprovalTTL
-	var out schema.Requested
-	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = schema.RequestApprovalTx(ctx, tx, *p)
-		return err
-	})
-	switch {
-	case errors.Is(err, schema.ErrStopRequested):
-		w.finalize(ctx, log, mb, batch, claim, Reply{Content: j.live.text()}, true)
-		return
-	case errors.Is(err, schema.ErrConversationDeleted):
-		w.cancelled(ctx, log, batch, claim)
-		return
-	case errors.Is(err, schema.ErrLeaseLost):
-		w.abandoned(ctx, log, batch, claim, err)
-		return
-	case err != nil:
-		// Nothing was sent: the attempt fails like any other.
-		w.failAttempt(ctx, log, batch, claim, fmt.Errorf("record the approval request: %w", err))
-		return
-	}
-	ackAll(batch)
-	w.metrics.turnsFinished.WithLabelValues("waiting_for_approval").Inc()
-	expires := out.ExpiresAt
-	w.emit(batonnats.ConversationEvent{
-		ConversationID: claim.ConversationID, RunID: claim.RunID, TurnID: claim.TurnID,
-		Type: batonnats.EventWaitingForApproval, OutboxIDs: claim.OutboxIDs,
-		ApprovalID: out.ApprovalID, Tool: p.Operation.Tool, ExpiresAt: &expires,
-	})
-	log.Info().Str("approval_id", out.ApprovalID).Str("tool", p.Operation.Tool).Time("expires_at", out.ExpiresAt).
-		Msg("turn waits for the approval of a call")
+// loopState is what a turn keeps when it stops for an approval: enough to
+// go on from the waiting call without asking the agent again.
+type loopState struct {
+	// Version tells a resuming worker the layout.
+	Version int `json:"version"`
+	// Text is the reply so far: the text of the steps that stood.
+	Text string `json:"text,omitempty"`
+	// Steps are the completed steps; Step is the one whose call waits,
+	// with the results of the calls before it.
+	Steps []Step `json:"steps,omitempty"`
+	Step  Step   `json:"step"`
 }
 
-// resumeOf is the agent's view of a claim's approval.
-func resumeOf(r *schema.Resume) *Resume {
-	if r == nil {
-		return nil
+// loopStateVersion is the layout this worker writes. Layout 1 is the one
+// the built-in model agent kept before the tool loop was the turn
+// runner's; a worker still reads it, for approvals asked before an
+// upgrade.
+const loopStateVersion = 2
+
+// suspend stops the turn at the first call of step without a result.
+func (l *loop) suspend(step Step) error {
+	st := loopState{Version: loopStateVersion, Text: l.live.text(), Steps: l.steps, Step: step}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("keep the turn's state for its approval: %w", err)
 	}
-	return &Resume{ApprovalID: r.ApprovalID, ToolCallID: r.ToolCallID, Tool: r.Tool, Status: r.Status, State: r.State}
+	next := step.Calls[len(step.Results)]
+	l.log.Info().Str("tool", next.Tool).Str("tool_call_id", next.ID).Msg("call waits for approval; turn stops")
+	return &Suspended{State: b}
 }
 
-// waitingForApproval acks the triggers of a conversation whose turn waits
-// for an approval: nothing can run until someone decides, and the
-// decision announces its rows again (or the sweeper does, once it expired).
-func (w *Worker) waitingForApproval(log zerolog.Logger, batch []jetstream.Msg, wait *schema.ApprovalWaitError) {
-	w.metrics.waiting.Add(float64(len(batch)))
-	log.Debug().Str("approval_id", wait.ApprovalID).Time("expires_at", wait.ExpiresAt).Msg("conversation waits for an approval; triggers done with")
-	ackAll(batch)
+// restore puts back what a stopped turn kept, and returns the step whose
+// call waited.
+func (l *loop) restore() (Step, error) {
+	r := l.resume
+	st, err := readLoopState(r.State)
+	if err != nil {
+		return Step{}, fmt.Errorf("read the state of the turn that waited for approval %s: %w", r.ApprovalID, err)
+	}
+	if len(st.Step.Results) >= len(st.Step.Calls) || st.Step.Calls[len(st.Step.Results)].ID != r.ToolCallID {
+		return Step{}, fmt.Errorf("the state of approval %s does not end at its call %s", r.ApprovalID, r.ToolCallID)
+	}
+	l.live.restore(st.Text)
+	l.steps = st.Steps
+	for _, s := range append(st.Steps, st.Step) {
+		for _, c := range s.Calls {
+			l.ids[c.ID] = true
+		}
+	}
+	return st.Step, nil
+}
+
+// readLoopState reads a kept state of either layout.
+func readLoopState(b json.RawMessage) (loopState, error) {
+	var st loopState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, err
+	}
+	switch st.Version {
+	case loopStateVersion:
+		return st, nil
+	case 1:
+		return readLoopStateV1(b)
+	}
+	return st, fmt.Errorf("it is in layout %d, which this worker does not read (it reads %d)", st.Version, loopStateVersion)
+}
+
+// readLoopStateV1 reads layout 1: the model's rounds, whose results are
+// the text the model read.
+func readLoopStateV1(b json.RawMessage) (loopState, error) {
+	type call struct{ ID, Name, Arguments string }
+	type round struct {
+		Content string   `json:"content"`
+		Calls   []call   `json:"calls"`
+		Results []string `json:"results"`
+	}
+	var v1 struct {
+		Text       string  `json:"text"`
+		Rounds     []round `json:"rounds"`
+		Step       round   `json:"step"`
+		ModelCalls int     `json:"model_calls"`
+	}
+	if err := json.Unmarshal(b, &v1); err != nil {
+		return loopState{}, err
+	}
+	step := func(r round) Step {
+		s := Step{Text: r.Content}
+		for _, c := range r.Calls {
+			s.Calls = append(s.Calls, ToolCall{ID: c.ID, Tool: c.Name, Arguments: json.RawMessage(c.Arguments)})
+		}
+		for _, res := range r.Results {
+			if e, ok := strings.CutPrefix(res, "error: "); ok {
+				s.Results = append(s.Results, ToolResult{Error: e})
+			} else {
+				s.Results = append(s.Results, ToolResult{Output: res})
+			}
+		}
+		return s
+	}
+	st := loopState{Version: loopStateVersion, Text: v1.Text, Step: step(v1.Step)}
+	for _, r := range v1.Rounds {
+		st.Steps = append(st.Steps, step(r))
+	}
+	// The model calls made so far count against the turn's budget.
+	if len(st.Steps) > 0 {
+		st.Steps[0].Requests = v1.ModelCalls
+	} else {
+		st.Step.Requests = v1.ModelCalls
+	}
+	return st, nil
 }

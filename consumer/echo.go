@@ -19,15 +19,14 @@ import (
 //	/sleep <duration>    the model call takes that long
 //	/fail                the model call fails
 //	/tool lookup <text>  calls the read-only lookup tool
-//	/tool notify <text>  calls the side-effecting notify tool
-//	/tool NAME <text>    calls any other tool of the turn, such as an MCP
-//	                     server's NAME__TOOL, with {"text": <text>}
+//	/tool NAME <text>    calls any other tool of the turn, such as the
+//	                     side-effecting notify or an MCP server's
+//	                     NAME__TOOL, with {"text": <text>}
 //
-// Every call goes through the journal. A call that waits for a person's
-// approval stops the turn (Suspended) with the answers of the calls made
-// before it; the resumed turn reads them back instead of calling again,
-// and a call that was denied, expired or not sent after all is answered
-// in the reply, as a model would read it.
+// The directives run in order: the calls of /tool lines in a row are one
+// step, and a /sleep or /fail after them runs in the next step, once they
+// returned. The reply shows each call's answer, or why it failed or was
+// not made, as "[NAME: answer]", as a model would read it.
 type Echo struct {
 	// Directives makes the agent obey /sleep, /fail and /tool. Off, those
 	// lines are echoed like any other: anyone who may post a message
@@ -40,29 +39,20 @@ type Echo struct {
 // ErrEchoFail is the failure the /fail directive asks for.
 var ErrEchoFail = errors.New("echo: the model call failed (/fail directive)")
 
-// echoState is what the echo agent keeps when its turn stops for an
-// approval: the answers of the calls made before the one that waits, in
-// order.
-type echoState struct {
-	Results []string `json:"results"`
-}
-
-// Run answers the turn.
-func (e Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
-	var out []string
-	calls := 0
-	// results are the answers of the turn's calls so far; saved are those
-	// of a turn that stopped for an approval, which a resumed turn reads
-	// back instead of calling again.
-	var results, saved []string
-	if r := turn.Resume; r != nil {
-		var st echoState
-		if err := json.Unmarshal(r.State, &st); err != nil {
-			return Reply{}, fmt.Errorf("echo: read the state of the turn that waited for approval %s: %w", r.ApprovalID, err)
-		}
-		saved = st.Results
+// Step answers one step: it reads the turn's directives from the start,
+// skips those that earlier steps ran, and runs the rest up to the next
+// calls, which it returns; with none left, it returns the reply.
+func (e Echo) Step(ctx context.Context, req StepRequest) (Step, error) {
+	var results []ToolResult
+	for _, s := range req.Steps {
+		results = append(results, s.Results...)
 	}
-	for _, m := range turn.Messages {
+	var out []string
+	var calls []ToolCall
+	// seen counts the /tool lines read so far: a directive before the
+	// last call made ran in an earlier step.
+	seen := 0
+	for _, m := range req.Turn.Messages {
 		var text []string
 		for _, line := range strings.Split(m.Content, "\n") {
 			directive := strings.Fields(line)
@@ -70,67 +60,71 @@ func (e Echo) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, er
 				text = append(text, line)
 				continue
 			}
-			switch directive[0] {
-			case "/sleep":
-				if len(directive) != 2 {
-					return Reply{}, fmt.Errorf("echo: %q: write /sleep <duration>, such as /sleep 2s", line)
-				}
-				d, err := time.ParseDuration(directive[1])
-				if err != nil {
-					return Reply{}, fmt.Errorf("echo: %q: %w", line, err)
-				}
-				t := time.NewTimer(d)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return Reply{}, context.Cause(ctx)
-				case <-t.C:
-				}
-			case "/fail":
-				return Reply{}, ErrEchoFail
-			case "/tool":
-				if len(directive) < 2 {
-					return Reply{}, fmt.Errorf("echo: %q: write /tool NAME <text>, such as /tool lookup hello", line)
-				}
-				calls++
-				id := "call_" + strconv.Itoa(calls)
-				if calls <= len(saved) {
-					results = append(results, saved[calls-1])
-					out = append(out, fmt.Sprintf("[%s: %s]", directive[1], saved[calls-1]))
+			if directive[0] != "/tool" && directive[0] != "/sleep" && directive[0] != "/fail" {
+				text = append(text, line)
+				continue
+			}
+			if directive[0] != "/tool" {
+				if seen < len(results) {
 					continue
 				}
-				if r := turn.Resume; r != nil && calls == len(saved)+1 && id != r.ToolCallID {
-					return Reply{}, fmt.Errorf("echo: the turn that waited for approval %s stopped at call %s, but its messages make call %s there", r.ApprovalID, r.ToolCallID, id)
+				if len(calls) > 0 {
+					// Runs once the calls before it returned.
+					return Step{Calls: calls}, nil
 				}
-				arg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "/tool "+directive[1]))
-				args, _ := json.Marshal(map[string]string{"text": arg})
-				res, err := tools.Call(ctx, ToolCall{ID: id, Tool: directive[1], Arguments: args})
-				var denied *DeniedError
-				var notSent *NotSentError
-				switch {
-				case errors.Is(err, ErrNeedsApproval):
-					state, merr := json.Marshal(echoState{Results: results})
-					if merr != nil {
-						return Reply{}, merr
-					}
-					return Reply{}, &Suspended{State: state}
-				case errors.As(err, &denied), errors.As(err, &notSent):
-					res = err.Error()
-				case err != nil:
-					return Reply{}, err
+				if err := echoDirective(ctx, directive, line); err != nil {
+					return Step{}, err
 				}
-				results = append(results, res)
-				out = append(out, fmt.Sprintf("[%s: %s]", directive[1], res))
-			default:
-				text = append(text, line)
+				continue
 			}
+			if len(directive) < 2 {
+				return Step{}, fmt.Errorf("echo: %q: write /tool NAME <text>, such as /tool lookup hello", line)
+			}
+			seen++
+			if seen <= len(results) {
+				r := results[seen-1]
+				answer := r.Output
+				if r.Error != "" {
+					answer = r.Error
+				}
+				out = append(out, fmt.Sprintf("[%s: %s]", directive[1], answer))
+				continue
+			}
+			arg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "/tool "+directive[1]))
+			args, _ := json.Marshal(map[string]string{"text": arg})
+			calls = append(calls, ToolCall{ID: "call_" + strconv.Itoa(seen), Tool: directive[1], Arguments: args})
 		}
 		out = append(out, "echo: "+strings.TrimSpace(strings.Join(text, "\n")))
 	}
-	if r := turn.Resume; r != nil && calls <= len(saved) {
-		return Reply{}, fmt.Errorf("echo: the turn that waited for approval %s stopped at call %s, which its messages do not make", r.ApprovalID, r.ToolCallID)
+	if seen < len(results) {
+		return Step{}, fmt.Errorf("echo: the turn made %d calls, %d more than its messages make: its steps are not its messages'", len(results), len(results)-seen)
 	}
-	return Reply{Content: strings.Join(out, "\n")}, nil
+	if len(calls) > 0 {
+		return Step{Calls: calls}, nil
+	}
+	return Step{Text: strings.Join(out, "\n")}, nil
+}
+
+// echoDirective runs /sleep or /fail.
+func echoDirective(ctx context.Context, directive []string, line string) error {
+	if directive[0] == "/fail" {
+		return ErrEchoFail
+	}
+	if len(directive) != 2 {
+		return fmt.Errorf("echo: %q: write /sleep <duration>, such as /sleep 2s", line)
+	}
+	d, err := time.ParseDuration(directive[1])
+	if err != nil {
+		return fmt.Errorf("echo: %q: %w", line, err)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
 }
 
 // textArgument reads {"text": ...}.

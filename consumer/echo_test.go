@@ -30,12 +30,54 @@ func TestEchoObeysDirectivesOnlyWhenTheyAreEnabled(t *testing.T) {
 	turn := Turn{Messages: []schema.Message{{Content: "/sleep 1000h\n/fail\n/tool notify hello\nplain"}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	reply, err := Echo{}.Run(ctx, turn, noTools{})
+	reply, err := Loop{Agent: Echo{}, Executor: noTools{}}.Run(ctx, turn)
 	require.NoError(t, err, "without directives nothing sleeps, fails or calls a tool")
 	require.Equal(t, "echo: /sleep 1000h\n/fail\n/tool notify hello\nplain", reply.Content)
 
-	_, err = Echo{Directives: true}.Run(ctx, Turn{Messages: []schema.Message{{Content: "/fail"}}}, noTools{})
+	_, err = Loop{Agent: Echo{Directives: true}, Executor: noTools{}}.Run(ctx, Turn{Messages: []schema.Message{{Content: "/fail"}}})
 	require.ErrorIs(t, err, ErrEchoFail, "with directives, /fail fails")
+}
+
+// TestEchoRunsItsDirectivesInOrderAcrossSteps: a /fail after a call fails
+// the turn only once the call returned, and a /sleep runs once, whatever
+// the steps.
+func TestEchoRunsItsDirectivesInOrderAcrossSteps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tools := &scriptedTools{answer: func(c ToolCall) (string, error) { return "ok", nil }}
+	_, err := Loop{Agent: Echo{Directives: true}, Executor: tools, Tools: named("notify")}.Run(ctx,
+		Turn{Messages: []schema.Message{{Content: "/tool notify a\n/fail"}}})
+	require.ErrorIs(t, err, ErrEchoFail)
+	require.Equal(t, []string{"call_1"}, tools.calls, "the call before /fail is made first")
+
+	sleeps := &scriptedTools{answer: func(c ToolCall) (string, error) { return "ok", nil }}
+	start := time.Now()
+	reply, err := Loop{Agent: Echo{Directives: true}, Executor: sleeps, Tools: named("notify", "lookup")}.Run(ctx,
+		Turn{Messages: []schema.Message{{Content: "/tool notify a\n/sleep 300ms\n/tool lookup b\n/tool lookup c\ndone"}}})
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 600*time.Millisecond, "the sleep runs once")
+	require.Equal(t, []string{"call_1", "call_2", "call_3"}, sleeps.calls)
+	require.Equal(t, "[notify: ok]\n[lookup: ok]\n[lookup: ok]\necho: done", reply.Content)
+}
+
+// namedTool is a tool that only has a name: the tests' executors answer
+// its calls.
+type namedTool string
+
+func (n namedTool) Name() string  { return string(n) }
+func (namedTool) Version() string { return "1" }
+func (namedTool) Effect() Effect  { return EffectRead }
+func (namedTool) Call(context.Context, Invocation) (string, error) {
+	return "", errors.New("the test's executor answers this tool")
+}
+
+// named is a set of tools with only names.
+func named(names ...string) Tools {
+	ts := Tools{}
+	for _, n := range names {
+		ts.Register(namedTool(n))
+	}
+	return ts
 }
 
 // TestADeployedDefaultWorkerEchoesDirectivesAsText runs `baton worker` as
@@ -115,17 +157,17 @@ func TestEchoStopsAtACallThatWaitsForApprovalAndResumesWithoutCallingAgain(t *te
 		}
 		return "ok " + c.ID, nil
 	}}
-	_, err := echo.Run(ctx, turn, asked)
+	tools := named("s__ship", "s__refund", "lookup")
+	_, err := Loop{Agent: echo, Executor: asked, Tools: tools}.Run(ctx, turn)
 	var stopped *Suspended
 	require.ErrorAs(t, err, &stopped, "a call that waits for approval stops the turn")
 	require.Equal(t, []string{"call_1", "call_2"}, asked.calls, "nothing after the waiting call runs")
 
 	resume := func(status string, answer func(ToolCall) (string, error)) (Reply, []string, error) {
-		tools := &scriptedTools{answer: answer}
-		t := turn
-		t.Resume = &Resume{ApprovalID: "ap_1", ToolCallID: "call_2", Tool: "s__refund", Status: status, State: stopped.State}
-		reply, err := echo.Run(ctx, t, tools)
-		return reply, tools.calls, err
+		exec := &scriptedTools{answer: answer}
+		resume := &Resume{ApprovalID: "ap_1", ToolCallID: "call_2", Tool: "s__refund", Status: status, State: stopped.State}
+		reply, err := Loop{Agent: echo, Executor: exec, Tools: tools, Resume: resume}.Run(ctx, turn)
+		return reply, exec.calls, err
 	}
 	reply, calls, err := resume("approved", func(c ToolCall) (string, error) { return "done " + c.ID, nil })
 	require.NoError(t, err)
@@ -144,5 +186,5 @@ func TestEchoStopsAtACallThatWaitsForApprovalAndResumesWithoutCallingAgain(t *te
 
 	turn.Messages = turn.Messages[:1]
 	_, _, err = resume("approved", func(c ToolCall) (string, error) { return "done " + c.ID, nil })
-	require.ErrorContains(t, err, "stopped at call call_2, which its messages do not make", "a state that does not match the turn's messages is refused")
+	require.ErrorContains(t, err, "more than its messages make", "a state that does not match the turn's messages is refused")
 }

@@ -18,16 +18,17 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// shout is an agent: it answers a turn's messages in capitals. A real one
-// calls a model (package agent).
+// shout is an agent: its one step answers a turn's messages in capitals.
+// A real one calls a model (package agent), and may ask for tools, which
+// the turn runner journals and runs before it asks for the next step.
 type shout struct{}
 
-func (shout) Run(ctx context.Context, turn consumer.Turn, tools consumer.ToolExecutor) (consumer.Reply, error) {
+func (shout) Step(ctx context.Context, req consumer.StepRequest) (consumer.Step, error) {
 	var parts []string
-	for _, m := range turn.Messages {
+	for _, m := range req.Turn.Messages {
 		parts = append(parts, strings.ToUpper(m.Content))
 	}
-	return consumer.Reply{Content: strings.Join(parts, " ")}, nil
+	return consumer.Step{Text: strings.Join(parts, " ")}, nil
 }
 
 // A program of your own runs Baton's turn runner with an agent of its

@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,24 +17,6 @@ import (
 	"github.com/batonhq/baton/internal/telemetry"
 	"github.com/batonhq/baton/schema"
 )
-
-// IdempotencyKey of a tool call: stable for one call of one run, different
-// for any other, so the system a write tool changes can refuse a repeat.
-func IdempotencyKey(runID, toolCallID string) string {
-	sum := sha256.Sum256([]byte(runID + "\x00" + toolCallID))
-	return "op_" + hex.EncodeToString(sum[:16])
-}
-
-// Tools is a set of tools by name.
-type Tools map[string]Tool
-
-// Register adds tools, replacing any of the same name.
-func (ts Tools) Register(tools ...Tool) Tools {
-	for _, t := range tools {
-		ts[t.Name()] = t
-	}
-	return ts
-}
 
 // journal is the ToolExecutor of one run: every call is an operations row,
 // started (in a transaction fenced by the run's lease,
@@ -345,23 +325,4 @@ type pendingCall struct {
 	call ToolCall
 	tool Tool
 	args json.RawMessage
-}
-
-func needsApproval(t Tool) bool {
-	a, ok := t.(ApprovalTool)
-	return ok && a.NeedsApproval()
-}
-
-func definitionSHA256(t Tool) string {
-	if d, ok := t.(DefinedTool); ok {
-		return d.DefinitionSHA256()
-	}
-	return ""
-}
-
-func idempotencyKey(t Tool, runID, toolCallID string) string {
-	if k, ok := t.(KeyedTool); ok {
-		return k.IdempotencyKey(runID, toolCallID)
-	}
-	return IdempotencyKey(runID, toolCallID)
 }

@@ -1,13 +1,9 @@
 package consumer
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/schema"
 )
@@ -18,7 +14,8 @@ import (
 // when the run was asked to stop (a notice this worker missed), it calls
 // stop and goes on renewing until the turn ended. The returned function
 // stops it and waits for it.
-func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc, stopTurn func(), log zerolog.Logger, mb *mailbox, batch []jetstream.Msg, claim schema.Claim) func() {
+func (t *turn) renewLease() func() {
+	w, ctx, claim := t.w, t.ctx, t.claim
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -35,25 +32,25 @@ func (w *Worker) renewLease(ctx context.Context, cancel context.CancelCauseFunc,
 				return
 			case <-tick.C:
 			}
-			w.progress(mb, batch)
+			w.progress(t.mb, t.batch)
 			renewed, err := schema.RenewLease(ctx, w.cfg.Pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
 			switch {
 			case err == nil:
 				until = renewed
 			case errors.Is(err, schema.ErrStopRequested):
 				until = renewed
-				stopTurn()
+				t.journal.stop()
 			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
-				cancel(err)
+				t.cancel(err)
 				return
 			case ctx.Err() != nil:
 				return
 			default:
-				log.Warn().Err(err).Time("lease_expires_at", until).Msg("renew lease")
+				t.log.Warn().Err(err).Time("lease_expires_at", until).Msg("renew lease")
 				// Keep trying while the lease holds; past it another
 				// worker may own the conversation, so the turn must stop.
 				if time.Now().Add(w.progressInterval()).After(until) {
-					cancel(schema.ErrLeaseLost)
+					t.cancel(schema.ErrLeaseLost)
 					return
 				}
 			}

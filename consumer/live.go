@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"encoding/json"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -21,18 +22,6 @@ var ErrStopped = schema.ErrStopRequested
 // Publisher sends a core NATS message; *nats.Conn is one.
 type Publisher interface {
 	Publish(subject string, data []byte) error
-}
-
-// Live shows the reply of a turn while the agent writes it, on the run's
-// live subject: a preview for clients, never the reply, which is only what
-// the turn's finalize commits. The turn runner numbers the steps, keeps
-// what they add up to (for a client that joins late, and for a stopped
-// turn's reply), and puts the tool calls of its journal between them.
-type Live interface {
-	// Show publishes one step of the text: batonnats.DeltaText appends
-	// text, DeltaReset replaces the text shown with text, DeltaDone says
-	// the agent finished writing.
-	Show(t batonnats.DeltaType, text string)
 }
 
 // maxLiveToolOutput bounds the result of a tool call as live clients see
@@ -57,7 +46,9 @@ func newLiveRun(pub Publisher, conversationID, runID string, log zerolog.Logger)
 		reply: batonnats.LiveReply{RunID: runID, Parts: []batonnats.LivePart{}}}
 }
 
-// Show implements Live.
+// Show publishes one step of the text: batonnats.DeltaText appends
+// text, DeltaReset replaces the text shown with text, DeltaDone says the
+// agent finished writing.
 func (l *liveRun) Show(t batonnats.DeltaType, text string) {
 	if t == batonnats.DeltaText && text == "" {
 		return
@@ -134,4 +125,117 @@ func (l *liveRun) respond(m *natsclient.Msg) {
 	if err != nil {
 		l.log.Debug().Err(err).Str("subject", m.Subject).Msg("answer a snapshot request")
 	}
+}
+
+// stepLive is the StepLive of a turn's steps: it keeps the text that
+// stands (the steps that completed) apart from the text of the step in
+// progress, so that a step the agent tries again resets the live reply to
+// what stands, and shows each step's text as its own paragraph.
+type stepLive struct {
+	run *liveRun
+
+	mu sync.Mutex
+	// stands is the text of the completed steps; step is the text the
+	// step in progress has shown.
+	stands strings.Builder
+	step   strings.Builder
+}
+
+var _ StepLive = (*stepLive)(nil)
+
+// Text implements StepLive.
+func (l *stepLive) Text(delta string) {
+	if delta == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stands.Len() > 0 && l.step.Len() == 0 {
+		// The separator is part of the reply, so it is shown too.
+		l.show(paragraph)
+	}
+	l.show(delta)
+}
+
+func (l *stepLive) show(text string) {
+	l.step.WriteString(text)
+	l.run.Show(batonnats.DeltaText, text)
+}
+
+// Retry implements StepLive.
+func (l *stepLive) Retry() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.retry()
+}
+
+func (l *stepLive) retry() {
+	if l.step.Len() == 0 {
+		return
+	}
+	l.step.Reset()
+	l.run.Show(batonnats.DeltaReset, l.stands.String())
+}
+
+// commit makes a step's text stand. text is the step's whole text as the
+// agent finally gave it; what streamed is replaced when it differs (a
+// server that sent the content whole after fragments, or none).
+func (l *stepLive) commit(text string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if text == "" {
+		l.retry()
+		return
+	}
+	streamed := l.step.String()
+	sep := ""
+	if l.stands.Len() > 0 {
+		sep = paragraph
+	}
+	switch {
+	case streamed == sep+text:
+	case streamed == "" || strings.HasPrefix(sep+text, streamed):
+		l.show(strings.TrimPrefix(sep+text, streamed))
+	default:
+		l.run.Show(batonnats.DeltaReset, l.stands.String()+sep+text)
+	}
+	l.stands.WriteString(sep + text)
+	l.step.Reset()
+}
+
+// restore makes the text a stopped turn had shown stand again, and shows
+// it.
+func (l *stepLive) restore(text string) {
+	if text == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stands.WriteString(text)
+	l.run.Show(batonnats.DeltaReset, text)
+}
+
+// text is the reply so far: the text of the completed steps.
+func (l *stepLive) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stands.String()
+}
+
+// clear tells subscribers to drop what an earlier attempt showed.
+func (l *stepLive) clear() { l.run.Show(batonnats.DeltaReset, "") }
+
+// done tells subscribers the agent finished.
+func (l *stepLive) done() { l.run.Show(batonnats.DeltaDone, "") }
+
+// failed voids everything the run showed: its attempt produced no reply.
+func (l *stepLive) failed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stands.Len() == 0 && l.step.Len() == 0 {
+		return
+	}
+	l.stands.Reset()
+	l.step.Reset()
+	l.run.Show(batonnats.DeltaReset, "")
 }

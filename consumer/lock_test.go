@@ -21,18 +21,18 @@ type gatedEcho struct {
 	answered chan struct{}
 }
 
-func (g gatedEcho) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
-	if turn.ConversationID != g.gated {
-		return Echo{}.Run(ctx, turn, tools)
+func (g gatedEcho) Step(ctx context.Context, req StepRequest) (Step, error) {
+	if req.Turn.ConversationID != g.gated {
+		return Echo{}.Step(ctx, req)
 	}
 	g.started <- struct{}{}
 	select {
 	case <-g.release:
 	case <-ctx.Done():
-		return Reply{}, context.Cause(ctx)
+		return Step{}, context.Cause(ctx)
 	}
 	defer func() { g.answered <- struct{}{} }()
-	return Echo{}.Run(ctx, turn, tools)
+	return Echo{}.Step(ctx, req)
 }
 
 // TestAConversationAnotherTransactionHoldsHoldsUpOnlyItsOwnTurn: while a

@@ -20,10 +20,10 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// writingAgent writes its reply a word at a time through the turn's Live,
+// writingAgent writes its reply a word at a time through the step's Live,
 // as a streaming model does, until its context ends; with a tool line
-// ("/tool <name>") in the message it calls that tool first. It records
-// what it showed and why it ended.
+// ("/tool <name>") in the message its first step calls that tool. It
+// records what it showed and why it ended.
 type writingAgent struct {
 	every time.Duration
 
@@ -38,15 +38,15 @@ func newWritingAgent(every time.Duration) *writingAgent {
 	return &writingAgent{every: every, shown: map[string]string{}, causes: map[string]error{}}
 }
 
-func (a *writingAgent) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
-	a.mu.Lock()
-	a.calls++
-	a.mu.Unlock()
-	content := turn.Messages[len(turn.Messages)-1].Content
-	if tool, ok := strings.CutPrefix(content, "/tool "); ok {
-		if _, err := tools.Call(ctx, ToolCall{ID: "call_1", Tool: tool, Arguments: json.RawMessage(`{"text":"x"}`)}); err != nil {
-			a.end(turn.RunID, context.Cause(ctx))
-			return Reply{}, err
+func (a *writingAgent) Step(ctx context.Context, req StepRequest) (Step, error) {
+	turn := req.Turn
+	if req.Index == 0 {
+		a.mu.Lock()
+		a.calls++
+		a.mu.Unlock()
+		content := turn.Messages[len(turn.Messages)-1].Content
+		if tool, ok := strings.CutPrefix(content, "/tool "); ok {
+			return Step{Calls: []ToolCall{{ID: "call_1", Tool: tool, Arguments: json.RawMessage(`{"text":"x"}`)}}}, nil
 		}
 	}
 	tick := time.NewTicker(a.every)
@@ -55,11 +55,11 @@ func (a *writingAgent) Run(ctx context.Context, turn Turn, tools ToolExecutor) (
 		select {
 		case <-ctx.Done():
 			a.end(turn.RunID, context.Cause(ctx))
-			return Reply{}, context.Cause(ctx)
+			return Step{}, context.Cause(ctx)
 		case <-tick.C:
 		}
 		word := "w" + strconv.Itoa(i) + " "
-		turn.Live.Show(batonnats.DeltaText, word)
+		req.Live.Text(word)
 		a.mu.Lock()
 		a.shown[turn.RunID] += word
 		a.mu.Unlock()
@@ -293,33 +293,37 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// approvalWrite is a write tool whose every call needs a person's approval.
-type approvalWrite struct{ calls int }
+// approvalWrite is a write tool whose every call needs a person's
+// approval; beforeAsk, when set, runs as the journal asks whether a call
+// needs it.
+type approvalWrite struct {
+	calls     int
+	beforeAsk func()
+}
 
-func (*approvalWrite) Name() string        { return "mail__send" }
-func (*approvalWrite) Version() string     { return "1" }
-func (*approvalWrite) Effect() Effect      { return EffectWrite }
-func (*approvalWrite) NeedsApproval() bool { return true }
+func (*approvalWrite) Name() string    { return "mail__send" }
+func (*approvalWrite) Version() string { return "1" }
+func (*approvalWrite) Effect() Effect  { return EffectWrite }
+func (w *approvalWrite) NeedsApproval() bool {
+	if w.beforeAsk != nil {
+		w.beforeAsk()
+	}
+	return true
+}
 func (w *approvalWrite) Call(context.Context, Invocation) (string, error) {
 	w.calls++
 	return "sent", nil
 }
 
-// stoppingAgent shows a word, calls the tool, and when the journal says
-// the call waits for approval runs beforeSuspend, then stops the turn for
-// the approval as an agent does.
-type stoppingAgent struct {
-	beforeSuspend func()
-}
+// stoppingAgent shows a word and calls the tool.
+type stoppingAgent struct{}
 
-func (a *stoppingAgent) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
-	turn.Live.Show(batonnats.DeltaText, "checking ")
-	_, err := tools.Call(ctx, ToolCall{ID: "call_1", Tool: "mail__send", Arguments: json.RawMessage(`{"to":"bob"}`)})
-	if !errors.Is(err, ErrNeedsApproval) {
-		return Reply{}, err
+func (a *stoppingAgent) Step(ctx context.Context, req StepRequest) (Step, error) {
+	if req.Index > 0 {
+		return Step{}, errors.New("the turn was to stop at the call")
 	}
-	a.beforeSuspend()
-	return Reply{}, &Suspended{State: json.RawMessage(`{}`)}
+	req.Live.Text("checking ")
+	return Step{Text: "checking ", Calls: []ToolCall{{ID: "call_1", Tool: "mail__send", Arguments: json.RawMessage(`{"to":"bob"}`)}}}, nil
 }
 
 // TestAStopJustBeforeAnApprovalRequestEndsTheTurnStoppedWithoutWaiting:
@@ -330,9 +334,9 @@ func TestAStopJustBeforeAnApprovalRequestEndsTheTurnStoppedWithoutWaiting(t *tes
 	t.Parallel()
 	b := setup(t)
 	var evs events
-	tool := &approvalWrite{}
+	tool := &approvalWrite{beforeAsk: func() { b.stop("c", false) }}
 	cfg := b.testConfig()
-	cfg.Agent = &stoppingAgent{beforeSuspend: func() { b.stop("c", false) }}
+	cfg.Agent = &stoppingAgent{}
 	cfg.Lease, cfg.OnConversationEvent = time.Minute, evs.record
 	cfg.Tools = Tools{}.Register(tool)
 	b.startWorker(cfg)

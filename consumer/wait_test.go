@@ -28,17 +28,19 @@ type scriptedAgent struct {
 	starts map[string][]time.Time
 }
 
-func (a *scriptedAgent) Run(_ context.Context, turn Turn, _ ToolExecutor) (Reply, error) {
+func (a *scriptedAgent) Step(_ context.Context, req StepRequest) (Step, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	turn := req.Turn
 	a.starts[turn.ConversationID] = append(a.starts[turn.ConversationID], time.Now())
 	steps := a.steps[turn.ConversationID]
 	if len(steps) == 0 {
-		return Reply{Content: "fine"}, nil
+		return Step{Text: "fine"}, nil
 	}
 	step := steps[0]
 	a.steps[turn.ConversationID] = steps[1:]
-	return step()
+	r, err := step()
+	return Step{Text: r.Content, Truncated: r.Truncated}, err
 }
 
 func (a *scriptedAgent) calls(conversation string) []time.Time {

@@ -66,11 +66,16 @@ type Config struct {
 	// worker that receives it can recover the run inline. Defaults to
 	// nats.ConsumerConfig's defaults (name turns, unlimited deliveries).
 	Consumer batonnats.ConsumerConfig
-	// Agent answers turns. Defaults to Echo.
+	// Agent answers the steps of turns. Defaults to Echo.
 	Agent Agent
-	// Tools are what the agent may call, each journaled in operations.
-	// Defaults to the echo agent's lookup and notify.
+	// Tools are what the agent may call, each journaled in operations;
+	// those that declare themselves (DeclaredTool) are offered to it in
+	// each step. Defaults to the echo agent's lookup and notify.
 	Tools Tools
+	// MaxToolIterations caps the steps of a turn that ask for tools: an
+	// agent still asking for tools after them ends the turn with a
+	// visible error (ErrToolIterations). Defaults to 8.
+	MaxToolIterations int
 	// ToolSource, when set, lists the tools of each turn when it starts
 	// (MCP servers'): the turn's tools are those, fixed for the turn, and
 	// the agent finds them in Turn.Tools. Defaults to none: every turn
@@ -207,6 +212,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
+	if c.MaxToolIterations == 0 {
+		c.MaxToolIterations = DefaultMaxToolIterations
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -260,6 +268,8 @@ func (c Config) Validate() error {
 		return setting.Errorf("Debounce", c.Debounce, "negative: give NoDebounce to claim at once")
 	case c.MaxAttempts < 1:
 		return setting.Errorf("MaxAttempts", c.MaxAttempts, "must be at least 1")
+	case c.MaxToolIterations < 1:
+		return setting.Errorf("MaxToolIterations", c.MaxToolIterations, "must be at least 1")
 	case c.Lease < 100*time.Millisecond:
 		return setting.Errorf("Lease", c.Lease, "too short: give at least 100ms, and far more than a database round trip")
 	case c.Concurrency < 1:

@@ -450,11 +450,11 @@ func TestATriggerOfARowThatNeverExistsDoesNotSupersedeForever(t *testing.T) {
 // slowEcho is the echo agent with a model call that takes delay.
 type slowEcho struct{ delay time.Duration }
 
-func (s slowEcho) Run(ctx context.Context, turn Turn, tools ToolExecutor) (Reply, error) {
+func (s slowEcho) Step(ctx context.Context, req StepRequest) (Step, error) {
 	select {
 	case <-time.After(s.delay):
 	case <-ctx.Done():
-		return Reply{}, context.Cause(ctx)
+		return Step{}, context.Cause(ctx)
 	}
-	return Echo{}.Run(ctx, turn, tools)
+	return Echo{}.Step(ctx, req)
 }

@@ -54,7 +54,7 @@ func vars() map[string]string {
 		"model_context":        fmt.Sprint(agent.DefaultContextTokens),
 		"model_tool_result":    fmt.Sprint(agent.DefaultMaxToolResultBytes),
 		"max_model_calls":      fmt.Sprint(agent.DefaultMaxModelCalls),
-		"max_tool_iterations":  fmt.Sprint(agent.DefaultMaxToolIterations),
+		"max_tool_iterations":  fmt.Sprint(consumer.DefaultMaxToolIterations),
 		"approval_ttl":         consumer.DefaultApprovalTTL.String(),
 		"mcp_call_timeout":     agent.DefaultMCPCallTimeout.String(),
 		"mcp_max_output":       fmt.Sprint(agent.DefaultMCPMaxOutputBytes),

@@ -44,7 +44,7 @@ func TestBrowserShowsACallThatWaitsForApprovalWithApproveAndDeny(t *testing.T) {
 	})
 	source := &lateSource{}
 	p := startPage(t, func(c *consumer.Config, nc *natsclient.Conn) {
-		a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), APIKey: "sk-test", Model: "test", Tools: agent.NewRegistry(), Live: nc})
+		a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), APIKey: "sk-test", Model: "test"})
 		require.NoError(t, err)
 		c.Agent, c.ToolSource = a, source
 	})

@@ -308,7 +308,7 @@ func TestBrowserShowsAStreamedReplyAsItGrowsAndAVisibleFailure(t *testing.T) {
 		},
 	)
 	p := startPage(t, func(c *consumer.Config, nc *natsclient.Conn) {
-		a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), APIKey: "wrong", Model: "test", Live: nc})
+		a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), APIKey: "wrong", Model: "test"})
 		require.NoError(t, err)
 		c.Agent = a
 	})
@@ -399,8 +399,8 @@ func TestBrowserSaysSoWhenItsTokenIsRevoked(t *testing.T) {
 // truncatingAgent answers like a model that ran out of output tokens.
 type truncatingAgent struct{}
 
-func (truncatingAgent) Run(context.Context, consumer.Turn, consumer.ToolExecutor) (consumer.Reply, error) {
-	return consumer.Reply{Content: "The first half of an answer", Truncated: true}, nil
+func (truncatingAgent) Step(context.Context, consumer.StepRequest) (consumer.Step, error) {
+	return consumer.Step{Text: "The first half of an answer", Truncated: true}, nil
 }
 
 // TestBrowserShowsAReplyTheModelCutOff: a reply stopped by the model's
