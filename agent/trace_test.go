@@ -56,7 +56,7 @@ func TestEachModelCallIsASpanOfTheTurn(t *testing.T) {
 		attrs := map[attribute.Key]attribute.Value{}
 		for _, kv := range s.Attributes() {
 			attrs[kv.Key] = kv.Value
-			require.NotContains(t, kv.Value.Emit(), "secret", "a span carries no content")
+			require.NotContains(t, kv.Value.String(), "secret", "a span carries no content")
 		}
 		require.Equal(t, "test-model", attrs["gen_ai.request.model"].AsString())
 		require.Equal(t, int64(i+1), attrs["baton.model_call"].AsInt64())

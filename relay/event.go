@@ -101,7 +101,7 @@ func (e *eventBuilder) build(t *batonnats.Trigger) (*natsclient.Msg, error) {
 	e.values[4] = string(t.Reason)
 	if t.TraceParent != "" {
 		e.msg.Header[batonnats.HeaderTraceParent] = []string{t.TraceParent}
-	} else if _, set := e.msg.Header[batonnats.HeaderTraceParent]; set {
+	} else {
 		delete(e.msg.Header, batonnats.HeaderTraceParent)
 	}
 	e.msg.Subject = s[:subjectEnd]

@@ -143,6 +143,7 @@ func Assignments(value string) ([]string, error) {
 		if value[0] == '"' {
 			end := strings.IndexByte(value[1:], '"')
 			if end < 0 {
+				//lint:ignore ST1005 the message starts with the systemd key, spelt as in the unit
 				return nil, fmt.Errorf("Environment=%s: an unterminated quote", value)
 			}
 			a, value = value[1:end+1], value[end+2:]
@@ -150,6 +151,7 @@ func Assignments(value string) ([]string, error) {
 			a, value, _ = strings.Cut(value, " ")
 		}
 		if !strings.Contains(a, "=") {
+			//lint:ignore ST1005 the message starts with the systemd key, spelt as in the unit
 			return nil, fmt.Errorf("Environment=: %q is not KEY=VALUE", a)
 		}
 		out = append(out, a)
