@@ -24,6 +24,15 @@ type Executor interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Beginner runs queries and starts transactions: *pgxpool.Pool and
+// *pgx.Conn qualify, and so does a pgx.Tx, whose Begin starts a savepoint.
+// The operations that need a transaction of their own (ClaimTurn,
+// FinalizeTurn, Prune) take one.
+type Beginner interface {
+	Executor
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // Errors of the domain; driver errors are translated into these at the edge.
 var (
 	// ErrNotFound: the row does not exist, or belongs to someone else.

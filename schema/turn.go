@@ -12,13 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Beginner runs queries and starts transactions: *pgxpool.Pool and
-// *pgx.Conn qualify.
-type Beginner interface {
-	Executor
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // claimSQL is the whole of the claims of conversations found free, in one
 // statement (one round trip, its own transaction), for any number of
 // conversations: lock them (in the order of their IDs, as every statement
