@@ -55,6 +55,14 @@ func setLockTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
 	return err
 }
 
+// noWait is query with its lock clause lock made to skip locked rows.
+func noWait(query, lock string) string {
+	if strings.Count(query, lock) != 1 {
+		panic("schema: the lock clause of a batched statement is not where it was")
+	}
+	return strings.Replace(query, lock, strings.TrimSuffix(lock, ")")+" SKIP LOCKED)", 1)
+}
+
 // IsForeignKeyViolation reports whether err is a foreign key violation,
 // which finalize treats as "the conversation was deleted mid-turn".
 func IsForeignKeyViolation(err error) bool {
