@@ -4,14 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Errors of the turn lifecycle. Claim, finalize and lease renewal translate
@@ -134,8 +133,9 @@ type Claim struct {
 	// More is set when pending rows were left for the next turn by
 	// ClaimParams.MaxRows.
 	More bool
-	// TraceParents are the trace contexts the claimed rows kept (ClaimTurn
-	// only): a turn that answers several requests links their traces.
+	// TraceParents are the trace contexts the claimed rows kept (none for
+	// a resumed turn): a turn that answers several requests links their
+	// traces.
 	TraceParents []string
 	// Resume, when set, is the decided approval the turn resumes from: it
 	// claimed exactly the rows of the turn that stopped for it.
@@ -175,140 +175,332 @@ func (e *WaitError) Error() string {
 
 func (e *WaitError) Unwrap() error { return ErrConversationWaiting }
 
+// claimSQL is the claim, in one statement, for any number of
+// conversations: lock them (in the order of their IDs, as every statement
+// that locks several conversations does, so that two never wait for each
+// other), and for each one found free (no run holds it, no wait, no turn
+// stopped at an approval) take its oldest pending rows (at most its
+// max_rows, or all when that is negative), mark them processing, take the
+// lease, record the run, and read the turn's messages and the history
+// before it. It returns one row per requested conversation, in the order
+// asked (ord), with the state it found. ClaimTx runs it in the caller's
+// transaction for one conversation, ClaimTurns in a transaction of its
+// own for many.
+//
+// Data-modifying CTEs see the statement's snapshot, in which the claimed
+// rows are still pending: the history, which keeps only rows done or
+// failed, leaves them out as it must. When a conversation is held, waits
+// or is parked at an approval, nothing is written for it and its row says
+// why.
+//
+// The snapshot predates the wait for the conversations' locks: a run may
+// have claimed and finished rows in between, which the snapshot still
+// shows pending. The UPDATE checks the status again on the row it changes
+// (a changed row is re-read under READ COMMITTED), so a row another run
+// took is never taken twice; the turn CTE alone would not see that. Rows
+// committed during the wait are not seen at all: see ClaimTx.
+const claimSQL = `
+WITH req AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::text[], $7::integer[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, lease_secs, max_rows, worker, session, ord)),
+conv AS (
+	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
+		CASE WHEN c.run_id IS NULL OR c.lease_expires_at <= now() THEN false ELSE baton_run_session_gone(c.run_id) END AS gone,
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id
+	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
+free AS (
+	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
+	WHERE conv.run_id IS NULL AND NOT conv.waiting AND conv.approval_id IS NULL),
+turn AS (
+	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
+		SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM agent_outbox o
+		WHERE o.conversation_id = f.conversation_id AND o.status = 'pending'
+		ORDER BY o.id
+		LIMIT CASE WHEN f.max_rows < 0 THEN NULL ELSE f.max_rows + 1 END) t),
+claimed AS (
+	UPDATE agent_outbox o SET status = 'processing', attempts = o.attempts + 1, run_id = t.run_id
+	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
+	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation),
+agg AS (
+	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
+		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
+		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id)
+			|| CASE WHEN max(generation) > 0 THEN '#' || max(generation) ELSE '' END, 'UTF8')), 'hex'), 32) AS turn_id,
+		max(attempts) AS attempts, max(generation) AS generation, min(created_at) AS first_created_at
+	FROM claimed GROUP BY conversation_id),` + leaseRunSQL + `
+SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id),
+	conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false), coalesce(conv.gone, false),
+	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.first_created_at, run.lease_expires_at,
+	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
+	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
+		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
+	 FROM messages m JOIN claimed c ON c.message_id = m.id WHERE c.conversation_id = r.conversation_id),
+	(SELECT json_agg(h ORDER BY h.seq) FROM (
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
+		WHERE m.conversation_id = r.conversation_id AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL AND agg.ids IS NOT NULL
+		ORDER BY m.seq DESC LIMIT $6) h)
+FROM req r
+LEFT JOIN conv ON conv.id = r.conversation_id
+LEFT JOIN agg ON agg.conversation_id = r.conversation_id
+LEFT JOIN run ON run.conversation_id = r.conversation_id
+ORDER BY r.ord`
+
+// leaseRunSQL takes the lease of each conversation of a claimed turn and
+// records the run: its CTEs read the turn from agg (conversation_id, ids,
+// turn_id) and the claim from req (conversation_id, run_id, lease_secs,
+// worker, session), and run returns each lease's expiry. claimSQL and a
+// resumed turn's claim (takeLeaseTx) share it.
+//
+// clock_timestamp, not now(): the transaction may have waited for the
+// conversation lock behind the previous run's finalize, and the record of
+// runs must show that this one started after that one ended.
+const leaseRunSQL = `
+lease AS (
+	UPDATE conversations c
+	SET run_id = r.run_id, lease_expires_at = clock_timestamp() + make_interval(secs => r.lease_secs), not_before = NULL
+	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id
+	WHERE c.id = agg.conversation_id
+	RETURNING c.id, c.lease_expires_at),
+run AS (
+	INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
+	SELECT r.run_id, r.conversation_id, agg.turn_id, agg.ids, r.worker, nullif(r.session, 0), clock_timestamp(), lease.lease_expires_at
+	FROM agg JOIN req r ON r.conversation_id = agg.conversation_id JOIN lease ON lease.id = agg.conversation_id
+	RETURNING conversation_id, lease_expires_at)`
+
+// claimNoWaitSQL is claimSQL that skips the conversations whose row
+// another transaction holds instead of waiting for them: their rows show
+// the conversation in the statement's snapshot but not locked.
+var claimNoWaitSQL = noWait(claimSQL, "ORDER BY c.id FOR UPDATE)")
+
+// claimRow is one conversation's row of claimSQL.
+type claimRow struct {
+	exists, inSnapshot       bool
+	owner                    *string
+	expires, notBefore       *time.Time
+	expired, gone, waiting   bool
+	approvalID               *int64
+	ids                      []int64
+	traceParents             []string
+	turnID                   *string
+	attempts, generation     *int
+	firstCreated, leaseUntil *time.Time
+	pending                  int64
+	messages, history        []byte
+}
+
+// free reports whether the statement found the conversation free, and so
+// claimed whatever was pending.
+func (r claimRow) free() bool {
+	return r.exists && r.owner == nil && !r.waiting && r.approvalID == nil
+}
+
+// takeover reports whether a run holds the conversation that may be
+// taken over: its lease expired, or its worker's session ended. Its
+// recovery comes first (ClaimTx).
+func (r claimRow) takeover() bool { return r.exists && r.owner != nil && (r.expired || r.gone) }
+
+// parked reports whether the conversation's turn stopped at an approval:
+// ClaimTx resumes it, or says that it still waits.
+func (r claimRow) parked() bool {
+	return r.exists && r.owner == nil && !r.waiting && r.approvalID != nil
+}
+
+// claimScan runs claimSQL (claimNoWaitSQL with skipLocked) for the claims
+// ps[i] of which, returning their rows in that order.
+func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, historyLimit int, skipLocked bool) ([]claimRow, error) {
+	n := len(which)
+	convs, runs, workers := make([]string, n), make([]string, n), make([]string, n)
+	sessions := make([]int32, n)
+	leases := make([]float64, n)
+	limits := make([]int64, n)
+	for k, i := range which {
+		p := ps[i]
+		convs[k], runs[k], workers[k], leases[k] = p.ConversationID, p.RunID, p.Worker, p.Lease.Seconds()
+		sessions[k] = p.Session
+		limits[k] = int64(p.MaxRows)
+		if limits[k] <= 0 {
+			limits[k] = -1
+		}
+	}
+	query := claimSQL
+	if skipLocked {
+		query = claimNoWaitSQL
+	}
+	rows, err := db.Query(ctx, query, convs, runs, leases, limits, workers, max(historyLimit, 0), sessions)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]claimRow, n)
+	for rows.Next() {
+		var ord int64
+		var r claimRow
+		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.gone, &r.notBefore, &r.waiting, &r.approvalID,
+			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.firstCreated, &r.leaseUntil,
+			&r.pending, &r.messages, &r.history); err != nil {
+			return nil, err
+		}
+		if ord < 1 || ord > int64(n) {
+			return nil, fmt.Errorf("claim: row %d of %d requested", ord, n)
+		}
+		out[ord-1] = r
+	}
+	return out, rows.Err()
+}
+
+// claim is the claim of p that its row says, for a row that leaves
+// nothing to ClaimTx's own steps (neither takeover nor parked): the
+// claimed turn and its content, nothing when nothing was pending, or why
+// the conversation could not be claimed.
+func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
+	switch {
+	case !r.exists:
+		return Claim{}, TurnInput{}, ErrConversationDeleted
+	case r.owner != nil:
+		return Claim{}, TurnInput{}, &BusyError{RunID: *r.owner, LeaseExpiresAt: *r.expires}
+	case r.waiting:
+		return Claim{}, TurnInput{}, &WaitError{NotBefore: *r.notBefore}
+	}
+	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
+	var in TurnInput
+	if len(r.ids) == 0 {
+		return c, in, nil
+	}
+	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation = r.ids, *r.turnID, *r.attempts, *r.generation
+	for _, tp := range r.traceParents {
+		if tp != "" {
+			c.TraceParents = append(c.TraceParents, tp)
+		}
+	}
+	c.FirstCreatedAt, c.LeaseExpiresAt = *r.firstCreated, *r.leaseUntil
+	c.More = p.MaxRows > 0 && r.pending > int64(p.MaxRows)
+	if err := json.Unmarshal(r.messages, &in.Messages); err != nil {
+		return c, in, fmt.Errorf("claim: read the turn's messages: %w", err)
+	}
+	if len(r.history) > 0 {
+		if err := json.Unmarshal(r.history, &in.History); err != nil {
+			return c, in, fmt.Errorf("claim: read the history: %w", err)
+		}
+	}
+	if len(in.Messages) == 0 {
+		// The conversation went between the claim and the read: it cannot
+		// within one statement, but a turn without messages must never run.
+		return c, in, ErrConversationDeleted
+	}
+	return c, in, nil
+}
+
 // ClaimTx claims a conversation's pending rows for one run, in the caller's
 // transaction: it takes the conversation lease if no live run holds it
-// (recovering an expired holder inline, by the rule of RecoverRunTx), marks
-// the pending rows (the oldest MaxRows of them) processing with attempts+1
-// and the run ID, and records the run in agent_runs. The caller commits,
-// also when the claim is Empty (an inline recovery may have changed rows).
+// (recovering an expired holder, or one whose worker's session ended,
+// inline, by the rule of RecoverRunTx), marks the pending rows (the oldest
+// MaxRows of them) processing with attempts+1 and the run ID, and records
+// the run in agent_runs. A conversation whose turn stopped at an approval
+// resumes that turn once the approval is decided (Claim.Resume). The
+// caller commits, also when the claim is Empty (an inline recovery may
+// have changed rows).
+//
+// A free conversation costs one statement, claimSQL, the one ClaimTurns
+// sends for many: recovering a run and resuming an approval are steps of
+// their own before it.
 //
 // Visibility: logical decoding can hand the relay a commit before that
 // commit is visible to other sessions, so a trigger may arrive before its
-// outbox row can be seen. The claim's first statement locks the
-// conversation row, which the producer (InsertMessageTx) locks and updates
-// in the transaction that inserts the outbox row: the lock is held until
-// that commit is visible, so the claim waits for it and then sees the row.
-// Every path that announces rows does so in a transaction that changed
-// those rows after they were committed and visible (recovery, the sweeper,
-// a user's retry, all under the same row lock or on rows already
-// committed), so the rule holds for each.
+// outbox row can be seen. The claim locks the conversation row, which the
+// producer (InsertMessageTx) locks and updates in the transaction that
+// inserts the outbox row: the lock is held until that commit is visible.
+// The statement that waited for the lock has an older snapshot, though,
+// and may not see the row: when it finds the conversation free with
+// nothing pending, the claim looks once more, in a statement whose
+// snapshot follows the wait. Every path that announces rows does so in a
+// transaction that changed those rows after they were committed and
+// visible (recovery, the sweeper, a user's retry, all under the same row
+// lock or on rows already committed), so the rule holds for each.
 //
-// A live owner is a *BusyError (errors.Is ErrConversationBusy); a missing
-// conversation is ErrConversationDeleted.
+// A live owner is a *BusyError (errors.Is ErrConversationBusy), a wait
+// the model server asked for a *WaitError, an approval not yet decided an
+// *ApprovalWaitError; a missing conversation is ErrConversationDeleted.
 func ClaimTx(ctx context.Context, tx Executor, p ClaimParams) (Claim, error) {
-	if p.Lease <= 0 {
-		return Claim{}, errors.New("claim: lease must be positive")
-	}
-	// The row lock serializes claims, finalizes and recoveries of one
-	// conversation across processes: a plain select followed by an update
-	// would let two workers take the same rows.
-	var owner *string
-	var expires, notBefore *time.Time
-	var expired, gone, waiting bool
-	var approvalID *int64
-	err := tx.QueryRow(ctx, `
-		SELECT run_id, lease_expires_at, COALESCE(lease_expires_at <= now(), false),
-			not_before, COALESCE(not_before > now(), false), approval_id
-		FROM conversations WHERE id = $1 FOR UPDATE`, p.ConversationID).Scan(&owner, &expires, &expired, &notBefore, &waiting, &approvalID)
-	if err == nil && owner != nil && !expired {
-		gone, err = runSessionGone(ctx, tx, *owner)
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Claim{}, ErrConversationDeleted
-	}
-	if err != nil {
-		return Claim{}, fmt.Errorf("claim: lock conversation: %w", err)
-	}
-	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
-	if owner != nil {
-		reason := RecoveryReasonLeaseExpired
-		switch {
-		case gone:
-			reason = RecoveryReasonSessionEnded
-		case !expired:
-			return Claim{}, &BusyError{RunID: *owner, LeaseExpiresAt: *expires}
-		}
-		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *owner, p.MaxAttempts, reason)
-		if err != nil {
-			return Claim{}, err
-		}
-		c.Recovered = &rec
-	} else if waiting {
-		return Claim{}, &WaitError{NotBefore: *notBefore}
-	}
-	if c.Recovered != nil {
-		// The recovery may have ended the turn that resumed an approval.
-		if err := tx.QueryRow(ctx, `SELECT approval_id FROM conversations WHERE id = $1`, p.ConversationID).Scan(&approvalID); err != nil {
-			return Claim{}, fmt.Errorf("claim: read approval: %w", err)
-		}
-	}
-	if approvalID != nil {
-		resumed, err := claimResumeTx(ctx, tx, &c, p, *approvalID)
-		if err != nil || resumed {
-			return c, err
-		}
-	}
-	limit := int64(p.MaxRows)
-	if limit <= 0 {
-		limit = -1
-	}
-	rows, err := tx.Query(ctx, `
-		WITH turn AS (
-			SELECT id FROM agent_outbox
-			WHERE conversation_id = $1 AND status = 'pending'
-			ORDER BY id
-			LIMIT CASE WHEN $3::bigint < 0 THEN NULL ELSE $3::bigint + 1 END)
-		UPDATE agent_outbox o
-		SET status = 'processing', attempts = attempts + 1, run_id = $2
-		FROM (SELECT id FROM turn ORDER BY id LIMIT CASE WHEN $3::bigint < 0 THEN NULL ELSE $3::bigint END) t
-		WHERE o.id = t.id
-		RETURNING o.id, o.attempts, o.created_at, o.generation, (SELECT count(*) FROM turn)`, p.ConversationID, p.RunID, limit)
-	if err != nil {
-		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
-	}
-	for rows.Next() {
-		var id, pending int64
-		var attempts, generation int
-		var created time.Time
-		if err := rows.Scan(&id, &attempts, &created, &generation, &pending); err != nil {
-			rows.Close()
-			return Claim{}, err
-		}
-		c.More = limit >= 0 && pending > limit
-		c.OutboxIDs = append(c.OutboxIDs, id)
-		c.Attempts = max(c.Attempts, attempts)
-		c.Generation = max(c.Generation, generation)
-		if c.FirstCreatedAt.IsZero() || created.Before(c.FirstCreatedAt) {
-			c.FirstCreatedAt = created
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Claim{}, fmt.Errorf("claim: mark rows processing: %w", err)
-	}
-	if c.Empty() {
-		return c, nil
-	}
-	return c, takeLeaseTx(ctx, tx, &c, p)
+	c, _, err := claimTx(ctx, tx, p, 0, false)
+	return c, err
 }
 
-// takeLeaseTx takes the conversation's lease for a claim that took rows,
-// and records its run.
+// claimTx is ClaimTx that, with load, also returns the turn's content:
+// the messages of exactly the claimed rows and up to historyLimit earlier
+// ones.
+func claimTx(ctx context.Context, tx Executor, p ClaimParams, historyLimit int, load bool) (Claim, TurnInput, error) {
+	if p.Lease <= 0 {
+		return Claim{}, TurnInput{}, errors.New("claim: lease must be positive")
+	}
+	scan := func() (claimRow, error) {
+		rows, err := claimScan(ctx, tx, []ClaimParams{p}, []int{0}, historyLimit, false)
+		if err != nil {
+			return claimRow{}, fmt.Errorf("claim: %w", err)
+		}
+		return rows[0], nil
+	}
+	r, err := scan()
+	if err == nil && r.free() && len(r.ids) == 0 {
+		// Visibility (see above): the conversation's lock is this
+		// transaction's now, so this statement sees every commit that
+		// held it.
+		r, err = scan()
+	}
+	if err != nil {
+		return Claim{}, TurnInput{}, err
+	}
+	var recovered *Recovery
+	if r.takeover() {
+		reason := RecoveryReasonLeaseExpired
+		if r.gone {
+			reason = RecoveryReasonSessionEnded
+		}
+		rec, err := recoverRunTx(ctx, tx, p.ConversationID, *r.owner, p.MaxAttempts, reason)
+		if err != nil {
+			return Claim{}, TurnInput{}, err
+		}
+		recovered = &rec
+		// The recovery released the conversation, and may have ended the
+		// turn that resumed an approval.
+		if r, err = scan(); err != nil {
+			return Claim{}, TurnInput{}, err
+		}
+	}
+	if r.parked() {
+		c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, Recovered: recovered}
+		resumed, err := claimResumeTx(ctx, tx, &c, p, *r.approvalID)
+		if err != nil {
+			return c, TurnInput{}, err
+		}
+		if resumed {
+			var in TurnInput
+			if load {
+				in, err = LoadTurn(ctx, tx, p.ConversationID, c.OutboxIDs, historyLimit)
+			}
+			return c, in, err
+		}
+		// The approval is forgotten: the conversation is free.
+		if r, err = scan(); err != nil {
+			return Claim{}, TurnInput{}, err
+		}
+	}
+	c, in, err := r.claim(p)
+	c.Recovered = recovered
+	return c, in, err
+}
+
+// takeLeaseTx takes the conversation's lease for a resumed turn, whose
+// rows claimResumeRowsTx took, and records its run (leaseRunSQL).
 func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
 	c.TurnID = TurnIDOf(c.OutboxIDs, c.Generation)
-	// clock_timestamp, not now(): the transaction may have waited for the
-	// conversation lock behind the previous run's finalize, and the record
-	// of runs must show that this one started after that one ended.
 	err := tx.QueryRow(ctx, `
-		WITH lease AS (
-			UPDATE conversations
-			SET run_id = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $3), not_before = NULL
-			WHERE id = $1
-			RETURNING lease_expires_at)
-		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, worker_session, started_at, lease_expires_at)
-		SELECT $2, $1, $4, $5, $6, nullif($7::integer, 0), clock_timestamp(), lease_expires_at FROM lease
-		RETURNING lease_expires_at`,
+		WITH req AS (
+			SELECT $1::text AS conversation_id, $2::text AS run_id, $3::float8 AS lease_secs, $6::text AS worker, $7::integer AS session),
+		agg AS (SELECT $1::text AS conversation_id, $4::text AS turn_id, $5::bigint[] AS ids),`+leaseRunSQL+`
+		SELECT lease_expires_at FROM run`,
 		p.ConversationID, p.RunID, p.Lease.Seconds(), c.TurnID, c.OutboxIDs, p.Worker, p.Session).Scan(&c.LeaseExpiresAt)
 	if err != nil {
 		return fmt.Errorf("claim: take lease and record run: %w", err)
@@ -342,83 +534,4 @@ func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, ap
 		return false, fmt.Errorf("claim: forget approval: %w", err)
 	}
 	return false, nil
-}
-
-// TurnInput is the content of a claimed turn.
-type TurnInput struct {
-	// Messages are the user messages of the claimed rows, in order.
-	Messages []Message
-	// History is what the conversation said before the turn, oldest first,
-	// at most the requested number of messages: replies, errors and the
-	// user messages of earlier turns, never those waiting for a later turn
-	// nor replies a regenerated one replaced.
-	History []Message
-}
-
-// LoadTurn loads the messages of exactly the claimed outbox rows, and up to
-// historyLimit earlier messages of the conversation.
-func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs []int64, historyLimit int) (TurnInput, error) {
-	var in TurnInput
-	rows, err := db.Query(ctx, `
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
-		FROM agent_outbox o JOIN messages m ON m.id = o.message_id
-		WHERE o.id = ANY($1) AND o.conversation_id = $2
-		ORDER BY m.seq`, outboxIDs, conversationID)
-	if err != nil {
-		return in, fmt.Errorf("load turn messages: %w", err)
-	}
-	in.Messages, err = scanMessages(rows)
-	if err != nil {
-		return in, fmt.Errorf("load turn messages: %w", err)
-	}
-	if len(in.Messages) == 0 {
-		return in, ErrConversationDeleted
-	}
-	if historyLimit <= 0 {
-		return in, nil
-	}
-	rows, err = db.Query(ctx, `
-		SELECT id, conversation_id, role, content, created_at, seq FROM (
-			SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
-			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-			WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
-			ORDER BY m.seq DESC LIMIT $2) h
-		ORDER BY seq`, conversationID, historyLimit)
-	if err != nil {
-		return in, fmt.Errorf("load history: %w", err)
-	}
-	in.History, err = scanMessages(rows)
-	if err != nil {
-		return in, fmt.Errorf("load history: %w", err)
-	}
-	return in, nil
-}
-
-// LoadHistoryBefore loads up to limit messages of the conversation said
-// before the message whose Seq is beforeSeq, newest first, without those
-// waiting for a later turn: what an agent whose context budget has room
-// for more than LoadTurn's history reads, a page at a time.
-func LoadHistoryBefore(ctx context.Context, db Executor, conversationID string, beforeSeq int64, limit int) ([]Message, error) {
-	rows, err := db.Query(ctx, `
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
-		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
-		WHERE m.conversation_id = $1 AND m.seq < $2 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
-		ORDER BY m.seq DESC LIMIT $3`, conversationID, beforeSeq, limit)
-	if err != nil {
-		return nil, fmt.Errorf("load history: %w", err)
-	}
-	return scanMessages(rows)
-}
-
-func scanMessages(rows pgx.Rows) ([]Message, error) {
-	defer rows.Close()
-	var out []Message
-	for rows.Next() {
-		var m Message
-		if err := rows.Scan(&m.ID, &m.ConversationID, &m.Role, &m.Content, &m.CreatedAt, &m.Seq); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
 }

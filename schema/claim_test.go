@@ -349,3 +349,75 @@ func TestRenewLeaseReportsLossAndDeletion(t *testing.T) {
 	_, err = schema.RenewLease(ctx, b.db.Pool, b.key("c"), "run-1", time.Minute)
 	require.ErrorIs(t, err, schema.ErrConversationDeleted)
 }
+
+// TestClaimTxThatWaitedForAProducerClaimsItsRow: a claim that starts while
+// a producer's transaction holds the conversation (its message inserted,
+// not yet committed) waits for it, and then claims that message's row,
+// although the statement that waited has a snapshot older than the commit.
+func TestClaimTxThatWaitedForAProducerClaimsItsRow(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	producer, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer producer.Rollback(ctx)
+	sent, err := schema.InsertMessageTx(ctx, producer, schema.UserMessage{OwnerID: b.owner, ConversationID: "c", MessageID: "m1", Content: "one"})
+	require.NoError(t, err)
+
+	type result struct {
+		c   schema.Claim
+		err error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		c, err := b.claim(t, "c", "run-1", time.Minute)
+		claimed <- result{c, err}
+	}()
+	b.eventuallyWaitsForLock(t, "the claim waits for the producer's transaction")
+	require.NoError(t, producer.Commit(ctx))
+	r := <-claimed
+	require.NoError(t, r.err)
+	require.Equal(t, []int64{sent.OutboxID}, r.c.OutboxIDs, "the claim takes the row whose commit it waited for")
+	require.Equal(t, []string{"processing"}, b.statuses(t, "c"))
+}
+
+// TestFinalizeTxHandsATurnBackForANewerMessage: in the caller's
+// transaction, with SupersedeIfNewer, a newer pending message makes
+// FinalizeTx hand the turn back (rows pending, no reply, the run
+// superseded); without one, it replies.
+func TestFinalizeTxHandsATurnBackForANewerMessage(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "one")
+	c, err := b.claim(t, "c", "run-1", time.Minute)
+	require.NoError(t, err)
+	b.send(t, "c", "m2", "two")
+	finalize := func(c schema.Claim) (schema.Finalized, error) {
+		var out schema.Finalized
+		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			var err error
+			out, err = schema.FinalizeTx(ctx, tx, schema.Finalize{ConversationID: c.ConversationID, RunID: c.RunID, TurnID: c.TurnID,
+				OutboxIDs: c.OutboxIDs, Content: "answer", SupersedeIfNewer: true})
+			return err
+		})
+		return out, err
+	}
+	out, err := finalize(c)
+	require.NoError(t, err)
+	require.True(t, out.Superseded, "a newer message hands the turn back")
+	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "c"))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no reply to part of the burst")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'superseded'`))
+
+	c, err = b.claim(t, "c", "run-2", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, c.OutboxIDs, 2, "the next turn answers both")
+	out, err = finalize(c)
+	require.NoError(t, err)
+	require.False(t, out.Superseded, "without a newer message the turn replies")
+	require.Equal(t, c.ReplyID(), out.MessageID)
+	require.Equal(t, []string{"done", "done"}, b.statuses(t, "c"))
+}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Finalize is the end of a successful turn.
@@ -46,82 +44,191 @@ type Finalized struct {
 	Stopped bool
 }
 
+// finalizeSQL is the finalize, in one statement, for any number of turns:
+// one row per turn, in the order asked (ord); the turns' outbox rows come
+// flattened, each with its run. FinalizeTx runs it in the caller's
+// transaction for one turn, FinalizeTurns in a transaction of its own for
+// many. Every write of a turn is conditioned on its fence: the run still
+// owns the conversation (the row lock, taken first and in the order of the
+// conversations' IDs, orders it against a recovery, which changes
+// ownership only under that lock) and every claimed row is still
+// processing for it. Unless its fence holds, nothing is written for a turn,
+// and its row says which part failed; the other turns commit regardless.
+//
+// The reply's ID derives from the turn, so a redelivered trigger can never
+// add a second one: a reply that exists already is not written again, and
+// its row says so.
+const finalizeSQL = `
+WITH asked AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[]) WITH ORDINALITY
+		AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, ord)),
+ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
+owner AS (
+	SELECT c.id, c.run_id, c.stop_run_id FROM conversations c
+	WHERE c.id = ANY($1) AND c.run_id = ANY($2) ORDER BY c.id FOR NO KEY UPDATE),
+req AS (
+	-- A run that was asked to stop (read from the locked row, as the stop
+	-- left it) ends stopped, never superseded.
+	SELECT r.conversation_id, r.run_id, r.message_id, r.turn_id, r.content, r.truncated, r.supersede_if_newer,
+		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, r.ord
+	FROM asked r LEFT JOIN owner o ON o.id = r.conversation_id AND o.run_id = r.run_id),
+held AS (
+	SELECT i.run_id, bool_and(o.id IS NOT NULL) AS all_held FROM ids i
+	LEFT JOIN agent_outbox o ON o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
+	GROUP BY i.run_id),
+newer AS (
+	SELECT r.run_id, r.supersede_if_newer AND NOT r.stopped
+		AND EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = r.conversation_id AND o.status = 'pending')
+		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.run_id = r.run_id AND p.effect = 'write') AS found
+	FROM req r),
+fence AS (
+	SELECT r.* FROM req r
+	JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
+	JOIN held ON held.run_id = r.run_id
+	JOIN newer ON newer.run_id = r.run_id
+	WHERE held.all_held AND NOT newer.found),
+reply AS (
+	INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
+	SELECT message_id, conversation_id, 'assistant', content, truncated, stopped, run_id, turn_id FROM fence
+	ON CONFLICT (id) DO NOTHING
+	RETURNING id, conversation_id, run_id, stopped),
+done AS (
+	UPDATE agent_outbox o SET status = 'done', processed_at = now()
+	FROM ids i JOIN reply ON reply.run_id = i.run_id
+	WHERE o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
+	RETURNING 1),
+conv AS (
+	UPDATE conversations c
+	SET run_id = NULL, lease_expires_at = NULL, updated_at = now(), last_message_at = now(), unread_count = c.unread_count + 1,
+		approval_id = NULL
+	FROM reply WHERE c.id = reply.conversation_id
+	RETURNING 1),
+ops AS (
+	UPDATE operations p SET message_id = reply.id, ` + notSentSQL + `
+	FROM reply JOIN req ON req.run_id = reply.run_id
+	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `))
+	RETURNING reply.run_id),
+run AS (
+	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
+	FROM reply WHERE a.id = reply.run_id
+	RETURNING 1)
+SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),
+	coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
+	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false)
+FROM req r
+LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
+LEFT JOIN held ON held.run_id = r.run_id
+LEFT JOIN newer ON newer.run_id = r.run_id
+LEFT JOIN reply ON reply.run_id = r.run_id
+ORDER BY r.ord`
+
+// finalizeNoWaitSQL is finalizeSQL that skips the conversations whose row
+// another transaction holds instead of waiting for them: their rows show
+// the run owning the conversation in the statement's snapshot but not
+// locked.
+var finalizeNoWaitSQL = noWait(finalizeSQL, "ORDER BY c.id FOR NO KEY UPDATE)")
+
+// finalizeRow is one turn's row of finalizeSQL.
+type finalizeRow struct {
+	owned, ownedInSnapshot, allHeld, newer, replied, stopped bool
+	operations                                               int64
+}
+
+// handBack reports whether the fence held but a newer message supersedes
+// the turn: nothing was written, and SupersedeTx is to hand it back.
+func (r finalizeRow) handBack() bool { return r.owned && r.allHeld && r.newer }
+
+// finalized is what the finalize of f committed, by its row, or why it
+// committed nothing; a row to hand back (handBack) is the caller's.
+func (r finalizeRow) finalized(ctx context.Context, db Executor, f Finalize) (Finalized, error) {
+	switch {
+	case !r.owned:
+		return Finalized{}, ownershipError(ctx, db, f.ConversationID)
+	case !r.allHeld:
+		return Finalized{}, fmt.Errorf("%w: some claimed rows are no longer processing for run %s", ErrLeaseLost, f.RunID)
+	case !r.replied:
+		// Only a finalize of the same turn can have written this reply's
+		// ID, and that one released the rows: this run lost them.
+		return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
+	}
+	return Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Operations: r.operations, Stopped: r.stopped}, nil
+}
+
+// finalizeScan runs finalizeSQL (finalizeNoWaitSQL with skipLocked) for
+// the turns fs, returning their rows in that order.
+func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bool) ([]finalizeRow, error) {
+	n := len(fs)
+	convs, runs, msgIDs, turnIDs, contents := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	truncated, supersede, stopped := make([]bool, n), make([]bool, n), make([]bool, n)
+	var ids []int64
+	var idRuns []string
+	for i, f := range fs {
+		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, f.RunID, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content
+		truncated[i], supersede[i], stopped[i] = f.Truncated, f.SupersedeIfNewer, f.Stopped
+		for _, id := range f.OutboxIDs {
+			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
+		}
+	}
+	query := finalizeSQL
+	if skipLocked {
+		query = finalizeNoWaitSQL
+	}
+	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]finalizeRow, n)
+	for rows.Next() {
+		var ord int64
+		var r finalizeRow
+		if err := rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped); err != nil {
+			return nil, err
+		}
+		if ord < 1 || ord > int64(n) {
+			return nil, fmt.Errorf("row %d of %d requested", ord, n)
+		}
+		out[ord-1] = r
+	}
+	return out, rows.Err()
+}
+
 // FinalizeTx ends a turn in the caller's transaction, all or nothing: the
 // assistant reply (ID derived from the turn, so a redelivered trigger can
 // never add a second one), the run's operations attached to it by run ID,
 // the claimed rows done, the conversation's ordering and unread metadata,
-// the lease released and the run recorded as finalized.
+// the lease released and the run recorded as finalized. A run that was
+// asked to stop (StopTx) ends stopped (Finalized.Stopped). With
+// SupersedeIfNewer and a newer message pending, the turn is handed back
+// instead (SupersedeTx, Finalized.Superseded).
 //
-// It commits only while the run still owns the conversation (fencing):
-// otherwise ErrLeaseLost, and the caller rolls back. A conversation deleted
-// mid-turn fails the reply's foreign key: ErrConversationDeleted, which is a
-// cancellation.
+// It is one statement, finalizeSQL, the one FinalizeTurns sends for many;
+// handing a turn back is a step of its own. It commits only while the run
+// still owns the conversation (fencing): otherwise ErrLeaseLost, and
+// nothing was written. A conversation deleted mid-turn is
+// ErrConversationDeleted, which is a cancellation.
 func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error) {
-	if !f.Stopped {
-		var err error
-		if f.Stopped, err = stopRequested(ctx, tx, f.ConversationID, f.RunID); err != nil {
-			return Finalized{}, err
-		}
+	rows, err := finalizeScan(ctx, tx, []Finalize{f}, false)
+	if err != nil {
+		return Finalized{}, fmt.Errorf("finalize: %w", err)
 	}
-	if f.SupersedeIfNewer && !f.Stopped {
-		superseded, err := SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
-		if err != nil || superseded {
-			return Finalized{Superseded: superseded}, err
-		}
+	r := rows[0]
+	if !r.handBack() {
+		return r.finalized(ctx, tx, f)
 	}
-	out := Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Stopped: f.Stopped}
-	// The reply goes first, as the reference has it: its foreign key is
-	// what notices a deleted conversation, and it takes the key-share lock
-	// that keeps the conversation from being deleted until commit.
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
-		VALUES ($1, $2, 'assistant', $3, $4, $5, $6, $7)`,
-		out.MessageID, f.ConversationID, f.Content, f.Truncated, f.Stopped, f.RunID, f.TurnID); err != nil {
-		switch {
-		case IsForeignKeyViolation(err):
-			return Finalized{}, ErrConversationDeleted
-		case IsUniqueViolation(err):
-			// Only a finalize of the same turn can have written this ID,
-			// and that one released the rows: this run lost them.
-			return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
-		}
-		return Finalized{}, fmt.Errorf("finalize: insert reply: %w", err)
-	}
-	if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "done", true); err != nil {
+	superseded, err := SupersedeTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, true)
+	switch {
+	case errors.Is(err, ErrStopRequested):
+		// Asked to stop since the statement looked: it ends stopped,
+		// with its reply.
+		f.Stopped = true
+	case err != nil:
 		return Finalized{}, err
+	case superseded:
+		return Finalized{Superseded: true}, nil
 	}
-	tag, err := tx.Exec(ctx, `
-		UPDATE operations p SET message_id = $1, `+notSentSQL+`
-		FROM (SELECT $2::text AS run_id, $3::text AS conversation_id, $4::text AS turn_id) req
-		WHERE p.message_id IS NULL AND (p.run_id = req.run_id OR p.run_id IN (`+stoppedRunsSQL+`))`,
-		out.MessageID, f.RunID, f.ConversationID, f.TurnID)
-	if err != nil {
-		return Finalized{}, fmt.Errorf("finalize: attach operations: %w", err)
-	}
-	out.Operations = tag.RowsAffected()
-	if _, err := tx.Exec(ctx, `
-		UPDATE agent_runs SET status = 'finalized', reply_message_id = $2, finished_at = clock_timestamp()
-		WHERE id = $1`, f.RunID, out.MessageID); err != nil {
-		return Finalized{}, fmt.Errorf("finalize: record run: %w", err)
-	}
-	return out, nil
-}
-
-// stopRequested locks the conversation and reports whether the run that
-// holds it was asked to stop (StopTx): read under the lock, a stop
-// committed before it is seen.
-func stopRequested(ctx context.Context, tx Executor, conversationID, runID string) (bool, error) {
-	var stop bool
-	err := tx.QueryRow(ctx, `
-		SELECT coalesce(stop_run_id = run_id, false) FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`,
-		conversationID, runID).Scan(&stop)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, ownershipError(ctx, tx, conversationID)
-	}
-	if err != nil {
-		return false, fmt.Errorf("finalize: read the run's stop: %w", err)
-	}
-	return stop, nil
+	f.SupersedeIfNewer = false
+	return FinalizeTx(ctx, tx, f)
 }
 
 // stoppedRunsSQL selects the runs of the turn req.turn_id in

@@ -179,13 +179,6 @@ type PruneResult struct {
 	Streams []string
 }
 
-// txStarter runs queries and starts transactions: *pgxpool.Pool and
-// *pgx.Conn qualify.
-type txStarter interface {
-	Executor
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // PruneCursor is where a pruner stands in the ended runs it keeps (those
 // whose operations are attached to a message), so that a pass reads them
 // once rather than at every batch. The zero value starts at the oldest.
@@ -200,7 +193,7 @@ type PruneCursor struct {
 // that runs pass after pass gives the same one each time. floors are the
 // streams whose inbox rows may be pruned; inbox rows of any other stream
 // are kept. On an error the result counts what was deleted before it.
-func Prune(ctx context.Context, db txStarter, r Retention, floors []StreamFloor, cursor *PruneCursor) (PruneResult, error) {
+func Prune(ctx context.Context, db Beginner, r Retention, floors []StreamFloor, cursor *PruneCursor) (PruneResult, error) {
 	r = r.WithDefaults()
 	if err := r.Validate(); err != nil {
 		return PruneResult{}, err
@@ -362,7 +355,7 @@ var (
 
 // pruneBatch runs one delete of up to a batch of rows in a short
 // transaction and says whether more may be left.
-func pruneBatch(ctx context.Context, db txStarter, r Retention, q string, args ...any) (int64, bool, error) {
+func pruneBatch(ctx context.Context, db Beginner, r Retention, q string, args ...any) (int64, bool, error) {
 	var n int64
 	err := shortTx(ctx, db, r, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, q, args...)
@@ -380,7 +373,7 @@ func pruneBatch(ctx context.Context, db txStarter, r Retention, q string, args .
 // changed again, so nobody holds them. The window moves on past the runs
 // it keeps (those whose operations are attached to a message), so each is
 // read once a sweep rather than at every batch.
-func pruneRuns(ctx context.Context, db txStarter, r Retention, cursor *PruneCursor) (int64, bool, error) {
+func pruneRuns(ctx context.Context, db Beginner, r Retention, cursor *PruneCursor) (int64, bool, error) {
 	var n, window int64
 	var lastAt *time.Time
 	var lastID *string
@@ -420,7 +413,7 @@ func pruneRuns(ctx context.Context, db txStarter, r Retention, cursor *PruneCurs
 // pruneInbox deletes up to a batch of the inbox rows of f that the stream
 // can no longer deliver again. Inbox rows are written once and never
 // changed, so nobody holds them.
-func pruneInbox(ctx context.Context, db txStarter, r Retention, f StreamFloor, floors []StreamFloor) (int64, bool, error) {
+func pruneInbox(ctx context.Context, db Beginner, r Retention, f StreamFloor, floors []StreamFloor) (int64, bool, error) {
 	args := append(inboxArgs(r, f, floors), r.Batch)
 	return pruneBatch(ctx, db, r, `
 		WITH w AS (
@@ -451,7 +444,7 @@ func streamNames(floors []StreamFloor) []string {
 
 // shortTx runs fn in a transaction that never waits long for a lock and
 // never runs long.
-func shortTx(ctx context.Context, db txStarter, r Retention, fn func(pgx.Tx) error) error {
+func shortTx(ctx context.Context, db Beginner, r Retention, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, r.StatementTimeout.Milliseconds())); err != nil {
 			return err

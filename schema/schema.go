@@ -24,6 +24,15 @@ type Executor interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Beginner runs queries and starts transactions: *pgxpool.Pool and
+// *pgx.Conn qualify, and so does a pgx.Tx, whose Begin starts a savepoint.
+// The operations that need a transaction of their own (ClaimTurn,
+// FinalizeTurn, Prune) take one.
+type Beginner interface {
+	Executor
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // Errors of the domain; driver errors are translated into these at the edge.
 var (
 	// ErrNotFound: the row does not exist, or belongs to someone else.
@@ -44,6 +53,14 @@ const (
 func setLockTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
 	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	return err
+}
+
+// noWait is query with its lock clause lock made to skip locked rows.
+func noWait(query, lock string) string {
+	if strings.Count(query, lock) != 1 {
+		panic("schema: the lock clause of a batched statement is not where it was")
+	}
+	return strings.Replace(query, lock, strings.TrimSuffix(lock, ")")+" SKIP LOCKED)", 1)
 }
 
 // IsForeignKeyViolation reports whether err is a foreign key violation,

@@ -52,15 +52,6 @@ func TakeWorkerSession(ctx context.Context, db Executor, session int32) (bool, e
 	return took, nil
 }
 
-// runSessionGone reports whether the worker of run is gone by its session.
-func runSessionGone(ctx context.Context, db Executor, runID string) (bool, error) {
-	var gone bool
-	if err := db.QueryRow(ctx, `SELECT baton_run_session_gone($1)`, runID).Scan(&gone); err != nil {
-		return false, fmt.Errorf("claim: look at the owner's session: %w", err)
-	}
-	return gone, nil
-}
-
 // RecoverOrphanedTx recovers, in the caller's transaction, up to limit
 // runs that still hold a lease but whose worker's session ended, by the
 // rule of RecoverExpiredTx. Conversations another transaction holds are

@@ -22,12 +22,13 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// TestClaimTurnAndFinalizeTurnMatchTheTransactionsInOneStatementEach: the
-// worker's path claims, loads and finalizes a free conversation's turn in
-// two statements where ClaimTx, LoadTurn and FinalizeTx take a dozen, with
-// the same outcome: the same rows, turn id, messages, history, reply,
-// operations and state.
-func TestClaimTurnAndFinalizeTurnMatchTheTransactionsInOneStatementEach(t *testing.T) {
+// TestAFreeConversationsTurnIsClaimedAndFinalizedInOneStatementEach: the
+// worker's path claims and loads a free conversation's turn in one
+// statement (the rows, the turn id, the messages, the history before them,
+// the lease) and finalizes it in one more (the reply, the rows done, the
+// conversation released, the run finalized), fenced by the run. In a
+// caller's transaction, ClaimTx and FinalizeTx are one statement each too.
+func TestAFreeConversationsTurnIsClaimedAndFinalizedInOneStatementEach(t *testing.T) {
 	t.Parallel()
 	b := setupTurns(t)
 	ctx := context.Background()
@@ -53,7 +54,7 @@ func TestClaimTurnAndFinalizeTurnMatchTheTransactionsInOneStatementEach(t *testi
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tracer.n.Load(), "a free conversation's claim and load are one statement")
 	require.Equal(t, []int64{id2, id3}, c.OutboxIDs)
-	require.Equal(t, schema.TurnID([]int64{id2, id3}), c.TurnID, "the turn id is the same as ClaimTx computes")
+	require.Equal(t, schema.TurnID([]int64{id2, id3}), c.TurnID, "the turn id derives from the claimed rows")
 	require.Equal(t, 1, c.Attempts)
 	require.False(t, c.More)
 	require.WithinDuration(t, time.Now().Add(time.Minute), c.LeaseExpiresAt, 10*time.Second)
@@ -86,6 +87,27 @@ func TestClaimTurnAndFinalizeTurnMatchTheTransactionsInOneStatementEach(t *testi
 	_, err = schema.FinalizeTurn(ctx, pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-1", TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "again"})
 	require.ErrorIs(t, err, schema.ErrLeaseLost)
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+
+	id4 := b.send(t, "c", "m4", "four")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	tracer.n.Store(0)
+	c4, err := schema.ClaimTx(ctx, tx, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-2", Worker: "w", Lease: time.Minute, MaxAttempts: 3})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tracer.n.Load(), "ClaimTx of a free conversation is one statement")
+	require.Equal(t, []int64{id4}, c4.OutboxIDs)
+	require.Equal(t, schema.TurnID([]int64{id4}), c4.TurnID)
+	require.Equal(t, 1, c4.Attempts)
+	tracer.n.Store(0)
+	out, err = schema.FinalizeTx(ctx, tx, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c4.TurnID, OutboxIDs: c4.OutboxIDs, Content: "answer 4"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tracer.n.Load(), "FinalizeTx is one statement")
+	require.Equal(t, c4.ReplyID(), out.MessageID)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"done", "done", "done", "done"}, b.statuses(t, "c"))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM agent_runs WHERE id = 'run-2'`).Scan(&status))
+	require.Equal(t, "finalized", status)
 }
 
 // TestClaimTurnSaysWhyItClaimsNothing: a held conversation is busy, a
