@@ -80,8 +80,8 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	l, _ := s.hub.listen(key)
-	defer s.hub.forget(key, l)
+	f := s.subscribe(key)
+	defer f.unsubscribe()
 	var row int64
 	var existed bool
 	if req.Trigger == triggerRegenerate {
@@ -99,7 +99,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, key, row, l, existed, nil)
+	s.streamReply(w, r, f, row, existed, nil)
 }
 
 // chatKey returns the key of the user's chat, creating it on first use
@@ -207,8 +207,8 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 		return
 	}
 	defer release()
-	l, _ := s.hub.listen(c.Key)
-	defer s.hub.forget(c.Key, l)
+	f := s.subscribe(c.Key)
+	defer f.unsubscribe()
 	var decided []schema.Approval
 	var refused func()
 	var row int64
@@ -266,7 +266,7 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 	for _, a := range decided {
 		s.publishApprovalDecided(ctx, a)
 	}
-	s.streamReply(w, r, c.Key, row, l, true, shown)
+	s.streamReply(w, r, f, row, true, shown)
 }
 
 // errRefused ends a transaction whose request is refused with an answer
@@ -299,17 +299,14 @@ func (s *Server) chatsLive(w http.ResponseWriter) bool {
 }
 
 // streamReply answers with the UI message stream of the reply that answers
-// the outbox row of the conversation with the given key, from what l (a
-// listener registered on the conversation before the row could change)
-// hands it; with check, it reads the row's state first, for what came
-// before l. shown are the parts of the reply that the client has already.
-func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64, l *listener, check bool, shown []batonnats.LivePart) {
-	sw := streamResponse(w, s.cfg.WriteTimeout)
-	out := newUIStream(sw)
+// the outbox row of f's conversation (f subscribed before the row could
+// change); with check, it reads the row's state first, for what came
+// before f subscribed. shown are the parts of the reply that the client
+// has already.
+func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, f *follower, row int64, check bool, shown []batonnats.LivePart) {
+	out := newUIStream(newSSEWriter(streamResponse(w, s.cfg.WriteTimeout)))
 	out.seed(shown)
-	out.begin()
-	f := &chatFollower{s: s, key: key, row: row, l: l, out: out}
-	f.follow(r.Context(), check)
+	f.follow(r.Context(), newChatStream(s, f.key, row, out, check))
 }
 
 // streamResponse lifts a request's deadlines for a long answer: each write
@@ -382,9 +379,9 @@ func (s *Server) resumeChat(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	l, _ := s.hub.listen(c.Key)
-	defer s.hub.forget(c.Key, l)
-	s.streamReply(w, r, c.Key, row, l, true, nil)
+	f := s.subscribe(c.Key)
+	defer f.unsubscribe()
+	s.streamReply(w, r, f, row, true, nil)
 }
 
 // stopConversation stops a conversation's turn: the stop commits, then the
