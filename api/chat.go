@@ -36,15 +36,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChatBody(w, r, err)
 		return
 	}
-	if err := schema.ValidateID("chat", req.ChatID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
-		return
-	}
-	if req.Trigger == "" {
-		req.Trigger = triggerSubmit
-	}
-	if req.Trigger != triggerSubmit && req.Trigger != triggerRegenerate {
-		writeError(w, http.StatusBadRequest, "bad_trigger", fmt.Sprintf(`"trigger" is %q: send %q or %q`, req.Trigger, triggerSubmit, triggerRegenerate))
+	if !checkChatRequest(w, &req) {
 		return
 	}
 	if req.Last != nil && req.Last.Role == "assistant" && req.Trigger == triggerSubmit {
@@ -100,6 +92,23 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.streamReply(w, r, f, row, existed, nil)
+}
+
+// checkChatRequest answers 400 to a request whose chat id or trigger
+// Baton does not take; a request without a trigger submits.
+func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
+	if err := schema.ValidateID("chat", req.ChatID); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
+		return false
+	}
+	if req.Trigger == "" {
+		req.Trigger = triggerSubmit
+	}
+	if req.Trigger != triggerSubmit && req.Trigger != triggerRegenerate {
+		writeError(w, http.StatusBadRequest, "bad_trigger", fmt.Sprintf(`"trigger" is %q: send %q or %q`, req.Trigger, triggerSubmit, triggerRegenerate))
+		return false
+	}
+	return true
 }
 
 // chatKey returns the key of the user's chat, creating it on first use
@@ -213,47 +222,9 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 	var refused func()
 	var row int64
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		decided, row = decided[:0], 0
-		for _, resp := range responses {
-			id := resp.ApprovalID
-			if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
-				refused = func() { s.approvalNotFound(w, id) }
-				return errRefused
-			}
-			a, err := schema.DecideApprovalTx(ctx, tx, user.ID, req.ChatID, id, schema.Decision{Approved: resp.Approved, UserID: user.ID})
-			want := schema.ApprovalDenied
-			if resp.Approved {
-				want = schema.ApprovalApproved
-			}
-			switch {
-			case errors.Is(err, schema.ErrNotFound):
-				refused = func() { s.approvalNotFound(w, id) }
-				return errRefused
-			case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
-				refused = func() {
-					writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
-				}
-				return errRefused
-			case errors.Is(err, schema.ErrApprovalDecided):
-				// Decided so already: the same answer again.
-			case errors.Is(err, schema.ErrArgumentsChanged):
-				refused = func() {
-					writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the chat")
-				}
-				return errRefused
-			case err != nil:
-				return err
-			default:
-				decided = append(decided, a)
-			}
-			if len(a.OutboxIDs) == 0 {
-				return fmt.Errorf("approval %s has no rows", id)
-			}
-			if first := slices.Min(a.OutboxIDs); row == 0 || first < row {
-				row = first
-			}
-		}
-		return nil
+		var err error
+		decided, row, refused, err = s.decideApprovals(ctx, tx, w, user.ID, req.ChatID, responses)
+		return err
 	})
 	switch {
 	case errors.Is(err, errRefused):
@@ -267,6 +238,49 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 		s.publishApprovalDecided(ctx, a)
 	}
 	s.streamReply(w, r, f, row, true, shown)
+}
+
+// decideApprovals records each answer as its approval's decision, in tx,
+// and returns the approvals decided now and the oldest row of their
+// turns. When an answer is refused, the error is errRefused and refused
+// answers the request.
+func (s *Server) decideApprovals(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, userID int64, chatID string, responses []approvalResponse) (decided []schema.Approval, row int64, refused func(), err error) {
+	for _, resp := range responses {
+		id := resp.ApprovalID
+		if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
+			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
+		}
+		a, err := schema.DecideApprovalTx(ctx, tx, userID, chatID, id, schema.Decision{Approved: resp.Approved, UserID: userID})
+		want := schema.ApprovalDenied
+		if resp.Approved {
+			want = schema.ApprovalApproved
+		}
+		switch {
+		case errors.Is(err, schema.ErrNotFound):
+			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
+			return nil, 0, func() {
+				writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
+			}, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided):
+			// Decided so already: the same answer again.
+		case errors.Is(err, schema.ErrArgumentsChanged):
+			return nil, 0, func() {
+				writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the chat")
+			}, errRefused
+		case err != nil:
+			return nil, 0, nil, err
+		default:
+			decided = append(decided, a)
+		}
+		if len(a.OutboxIDs) == 0 {
+			return nil, 0, nil, fmt.Errorf("approval %s has no rows", id)
+		}
+		if first := slices.Min(a.OutboxIDs); row == 0 || first < row {
+			row = first
+		}
+	}
+	return decided, row, nil, nil
 }
 
 // errRefused ends a transaction whose request is refused with an answer
