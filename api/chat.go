@@ -36,15 +36,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChatBody(w, r, err)
 		return
 	}
-	if err := schema.ValidateID("chat", req.ChatID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
-		return
-	}
-	if req.Trigger == "" {
-		req.Trigger = triggerSubmit
-	}
-	if req.Trigger != triggerSubmit && req.Trigger != triggerRegenerate {
-		writeError(w, http.StatusBadRequest, "bad_trigger", fmt.Sprintf(`"trigger" is %q: send %q or %q`, req.Trigger, triggerSubmit, triggerRegenerate))
+	if !checkChatRequest(w, &req) {
 		return
 	}
 	if req.Last != nil && req.Last.Role == "assistant" && req.Trigger == triggerSubmit {
@@ -80,8 +72,8 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	l, _ := s.hub.listen(key)
-	defer s.hub.forget(key, l)
+	f := s.subscribe(key)
+	defer f.unsubscribe()
 	var row int64
 	var existed bool
 	if req.Trigger == triggerRegenerate {
@@ -99,7 +91,24 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, key, row, l, existed, nil)
+	s.streamReply(w, r, f, row, existed, nil)
+}
+
+// checkChatRequest answers 400 to a request whose chat id or trigger
+// Baton does not take; a request without a trigger submits.
+func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
+	if err := schema.ValidateID("chat", req.ChatID); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
+		return false
+	}
+	if req.Trigger == "" {
+		req.Trigger = triggerSubmit
+	}
+	if req.Trigger != triggerSubmit && req.Trigger != triggerRegenerate {
+		writeError(w, http.StatusBadRequest, "bad_trigger", fmt.Sprintf(`"trigger" is %q: send %q or %q`, req.Trigger, triggerSubmit, triggerRegenerate))
+		return false
+	}
+	return true
 }
 
 // chatKey returns the key of the user's chat, creating it on first use
@@ -207,53 +216,15 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 		return
 	}
 	defer release()
-	l, _ := s.hub.listen(c.Key)
-	defer s.hub.forget(c.Key, l)
+	f := s.subscribe(c.Key)
+	defer f.unsubscribe()
 	var decided []schema.Approval
 	var refused func()
 	var row int64
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		decided, row = decided[:0], 0
-		for _, resp := range responses {
-			id := resp.ApprovalID
-			if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
-				refused = func() { s.approvalNotFound(w, id) }
-				return errRefused
-			}
-			a, err := schema.DecideApprovalTx(ctx, tx, user.ID, req.ChatID, id, schema.Decision{Approved: resp.Approved, UserID: user.ID})
-			want := schema.ApprovalDenied
-			if resp.Approved {
-				want = schema.ApprovalApproved
-			}
-			switch {
-			case errors.Is(err, schema.ErrNotFound):
-				refused = func() { s.approvalNotFound(w, id) }
-				return errRefused
-			case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
-				refused = func() {
-					writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
-				}
-				return errRefused
-			case errors.Is(err, schema.ErrApprovalDecided):
-				// Decided so already: the same answer again.
-			case errors.Is(err, schema.ErrArgumentsChanged):
-				refused = func() {
-					writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the chat")
-				}
-				return errRefused
-			case err != nil:
-				return err
-			default:
-				decided = append(decided, a)
-			}
-			if len(a.OutboxIDs) == 0 {
-				return fmt.Errorf("approval %s has no rows", id)
-			}
-			if first := slices.Min(a.OutboxIDs); row == 0 || first < row {
-				row = first
-			}
-		}
-		return nil
+		var err error
+		decided, row, refused, err = s.decideApprovals(ctx, tx, w, user.ID, req.ChatID, responses)
+		return err
 	})
 	switch {
 	case errors.Is(err, errRefused):
@@ -266,7 +237,50 @@ func (s *Server) answerApprovals(w http.ResponseWriter, r *http.Request, req cha
 	for _, a := range decided {
 		s.publishApprovalDecided(ctx, a)
 	}
-	s.streamReply(w, r, c.Key, row, l, true, shown)
+	s.streamReply(w, r, f, row, true, shown)
+}
+
+// decideApprovals records each answer as its approval's decision, in tx,
+// and returns the approvals decided now and the oldest row of their
+// turns. When an answer is refused, the error is errRefused and refused
+// answers the request.
+func (s *Server) decideApprovals(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, userID int64, chatID string, responses []approvalResponse) (decided []schema.Approval, row int64, refused func(), err error) {
+	for _, resp := range responses {
+		id := resp.ApprovalID
+		if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
+			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
+		}
+		a, err := schema.DecideApprovalTx(ctx, tx, userID, chatID, id, schema.Decision{Approved: resp.Approved, UserID: userID})
+		want := schema.ApprovalDenied
+		if resp.Approved {
+			want = schema.ApprovalApproved
+		}
+		switch {
+		case errors.Is(err, schema.ErrNotFound):
+			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
+			return nil, 0, func() {
+				writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
+			}, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided):
+			// Decided so already: the same answer again.
+		case errors.Is(err, schema.ErrArgumentsChanged):
+			return nil, 0, func() {
+				writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the chat")
+			}, errRefused
+		case err != nil:
+			return nil, 0, nil, err
+		default:
+			decided = append(decided, a)
+		}
+		if len(a.OutboxIDs) == 0 {
+			return nil, 0, nil, fmt.Errorf("approval %s has no rows", id)
+		}
+		if first := slices.Min(a.OutboxIDs); row == 0 || first < row {
+			row = first
+		}
+	}
+	return decided, row, nil, nil
 }
 
 // errRefused ends a transaction whose request is refused with an answer
@@ -299,17 +313,14 @@ func (s *Server) chatsLive(w http.ResponseWriter) bool {
 }
 
 // streamReply answers with the UI message stream of the reply that answers
-// the outbox row of the conversation with the given key, from what l (a
-// listener registered on the conversation before the row could change)
-// hands it; with check, it reads the row's state first, for what came
-// before l. shown are the parts of the reply that the client has already.
-func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, key string, row int64, l *listener, check bool, shown []batonnats.LivePart) {
-	sw := streamResponse(w, s.cfg.WriteTimeout)
-	out := newUIStream(sw)
+// the outbox row of f's conversation (f subscribed before the row could
+// change); with check, it reads the row's state first, for what came
+// before f subscribed. shown are the parts of the reply that the client
+// has already.
+func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, f *follower, row int64, check bool, shown []batonnats.LivePart) {
+	out := newUIStream(newSSEWriter(streamResponse(w, s.cfg.WriteTimeout)))
 	out.seed(shown)
-	out.begin()
-	f := &chatFollower{s: s, key: key, row: row, l: l, out: out}
-	f.follow(r.Context(), check)
+	f.follow(r.Context(), newChatStream(s, f.key, row, out, check))
 }
 
 // streamResponse lifts a request's deadlines for a long answer: each write
@@ -382,9 +393,9 @@ func (s *Server) resumeChat(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	l, _ := s.hub.listen(c.Key)
-	defer s.hub.forget(c.Key, l)
-	s.streamReply(w, r, c.Key, row, l, true, nil)
+	f := s.subscribe(c.Key)
+	defer f.unsubscribe()
+	s.streamReply(w, r, f, row, true, nil)
 }
 
 // stopConversation stops a conversation's turn: the stop commits, then the

@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,8 +67,7 @@ func metadataOf(m schema.ChatMessage) *replyMetadata {
 // tells it the reply's state next (a live delta, a worker's snapshot, the
 // committed reply) sends only what the client lacks.
 type uiStream struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	sse *sseWriter
 
 	started bool
 	// messageID is the reply's id, sent in start.
@@ -85,12 +83,10 @@ type uiStream struct {
 	texts    int
 	// tools are the tool calls the client has, in any step.
 	tools map[string]bool
-	done  bool
-	err   error
 }
 
-func newUIStream(w http.ResponseWriter) *uiStream {
-	return &uiStream{w: w, rc: http.NewResponseController(w), tools: map[string]bool{}}
+func newUIStream(sse *sseWriter) *uiStream {
+	return &uiStream{sse: sse, tools: map[string]bool{}}
 }
 
 // seed takes parts as sent: the client has them already (the reply it
@@ -107,39 +103,23 @@ func (u *uiStream) seed(parts []batonnats.LivePart) {
 
 // begin answers 200 with the stream's headers.
 func (u *uiStream) begin() {
-	h := u.w.Header()
-	h.Set("Content-Type", "text/event-stream")
+	h := u.sse.header()
 	h.Set("Cache-Control", "no-cache, no-store")
-	h.Set("X-Accel-Buffering", "no")
 	h.Set(uiStreamHeader, "v1")
-	u.w.WriteHeader(http.StatusOK)
-	u.flush()
+	u.sse.open()
+	u.sse.flush()
 }
 
 func (u *uiStream) write(c uiChunk) {
-	if u.err != nil {
+	if u.sse.done() {
 		return
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
-		u.err = err
+		u.sse.err = err
 		return
 	}
-	_, u.err = u.w.Write([]byte("data: " + string(b) + "\n\n"))
-}
-
-func (u *uiStream) flush() {
-	if u.err == nil {
-		u.err = u.rc.Flush()
-	}
-}
-
-// comment keeps an idle stream alive through proxies.
-func (u *uiStream) comment() {
-	if u.err == nil {
-		_, u.err = u.w.Write([]byte(": keep-alive\n\n"))
-		u.flush()
-	}
+	u.sse.send("", "", string(b))
 }
 
 // start opens the reply under its id, with its first step.
@@ -396,9 +376,7 @@ func (u *uiStream) settle() {
 }
 
 func (u *uiStream) end() {
-	if u.err == nil {
-		_, u.err = u.w.Write([]byte("data: [DONE]\n\n"))
-	}
-	u.flush()
-	u.done = true
+	u.sse.send("", "", "[DONE]")
+	u.sse.flush()
+	u.sse.close()
 }

@@ -32,16 +32,20 @@ const (
 	lookupEvery = 250 * time.Millisecond
 )
 
-// chatFollower streams the reply that answers one outbox row: it reads the
-// conversation events and live deltas that the hub hands it, and the
-// database where an event may have been lost. It claims nothing and writes
-// nothing: the turn runs wherever a worker runs it.
-type chatFollower struct {
-	s   *Server
-	key string // the conversation's key
-	row int64  // the outbox row whose reply is streamed
-	l   *listener
-	out *uiStream
+// chatStream is the AI SDK's UI message stream over a follower: the reply
+// that answers one outbox row, from the conversation events and live
+// deltas the follower hands it, and the database where an event may have
+// been lost. It claims nothing and writes nothing: the turn runs wherever
+// a worker runs it.
+type chatStream struct {
+	*sseWriter // the writer out writes to
+	s          *Server
+	key        string // the conversation's key
+	row        int64  // the outbox row whose reply is streamed
+	out        *uiStream
+	// checkFirst reads the row's state before anything else: it may have
+	// changed before the follower subscribed.
+	checkFirst bool
 
 	// run is the run being followed and reply its live state, to seq.
 	run    string
@@ -60,252 +64,231 @@ type chatFollower struct {
 	others     map[string]bool
 }
 
-// follow streams until the reply's end, the client's leaving or the
-// server's closing. The listener must be registered before the row could
-// change, or before the row's state is first read (check), so that
-// nothing between is missed.
-func (f *chatFollower) follow(ctx context.Context, check bool) {
-	f.held, f.heldAt, f.others = map[string][]batonnats.LiveDelta{}, map[string]time.Time{}, map[string]bool{}
-	if check {
-		f.check(ctx)
-	}
-	f.out.flush()
-	tick := time.NewTicker(sseHeartbeat)
-	defer tick.Stop()
-	recheck := time.NewTicker(f.s.cfg.StreamRecheck)
-	defer recheck.Stop()
-	for !f.out.done && f.out.err == nil {
-		select {
-		case <-ctx.Done():
-			return
-		case <-f.s.closing:
-			// Cut the connection rather than end the response: a client
-			// that reads a clean end takes the reply as finished, one
-			// whose connection breaks resumes it, from another process.
-			panic(http.ErrAbortHandler)
-		case e := <-f.l.events:
-			f.event(ctx, e)
-		case d := <-f.l.deltas:
-			f.delta(ctx, d)
-		case <-tick.C:
-			f.out.comment()
-		case <-recheck.C:
-			// An event may have been lost (it is published after its
-			// commit); the database says for sure.
-			f.check(ctx)
-		}
-		if f.l.lagging.Swap(false) {
-			f.check(ctx)
-		}
-		f.drain(ctx)
-		f.out.flush()
+func newChatStream(s *Server, key string, row int64, out *uiStream, checkFirst bool) *chatStream {
+	return &chatStream{
+		sseWriter: out.sse, s: s, key: key, row: row, out: out, checkFirst: checkFirst,
+		held: map[string][]batonnats.LiveDelta{}, heldAt: map[string]time.Time{}, others: map[string]bool{},
 	}
 }
 
-// drain handles what else is already waiting, so that one flush sends it.
-func (f *chatFollower) drain(ctx context.Context) {
-	for range listenerEvents + listenerDeltas {
-		if f.out.done {
-			return
-		}
-		select {
-		case e := <-f.l.events:
-			f.event(ctx, e)
-		case d := <-f.l.deltas:
-			f.delta(ctx, d)
-		default:
-			return
-		}
+// catchUp opens the stream and, with checkFirst, shows where the row's
+// turn stands: for a message stored before the follower subscribed, or a
+// resumed stream, only the database knows.
+func (c *chatStream) catchUp(ctx context.Context, _ *follower) {
+	c.out.begin()
+	if c.checkFirst {
+		c.check(ctx)
 	}
 }
 
-// event handles a committed change of the conversation.
-func (f *chatFollower) event(ctx context.Context, e hubEvent) {
-	var ev batonnats.ConversationEvent
-	if json.Unmarshal(e.data, &ev) != nil {
-		return
-	}
-	ours := slices.Contains(ev.OutboxIDs, f.row)
+// event follows what a committed change says of the row's turn.
+func (c *chatStream) event(ctx context.Context, _ uint64, ev batonnats.ConversationEvent) {
+	ours := slices.Contains(ev.OutboxIDs, c.row)
 	switch ev.Type {
 	case batonnats.EventProcessing:
 		if ours {
 			// The run started after the stream began, most likely: its
 			// first delta says whether the stream saw it from the start.
-			f.begin(ctx, ev.RunID, ev.MessageID, false)
+			c.begin(ctx, ev.RunID, ev.MessageID, false)
 		}
 	case batonnats.EventPending, batonnats.EventWaiting:
-		if ours && ev.RunID == f.run {
+		if ours && ev.RunID == c.run {
 			// Retried or handed back: the next run starts over.
-			f.run, f.synced = "", false
+			c.run, c.synced = "", false
 		}
 	case batonnats.EventWaitingForApproval:
 		if ours {
 			// The turn stopped at a call for its user: the database
 			// says which.
-			f.check(ctx)
+			c.check(ctx)
 		}
 	case batonnats.EventReplied, batonnats.EventFailed:
 		if ours {
-			f.finish(ctx, ev.MessageID)
+			c.finish(ctx, ev.MessageID)
 		}
 	case batonnats.EventStopped:
 		switch {
 		case ours && ev.MessageID != "":
-			f.finish(ctx, ev.MessageID)
+			c.finish(ctx, ev.MessageID)
 		case ours:
-			f.out.settle()
+			c.out.settle()
 		}
 	case batonnats.EventCancelled, batonnats.EventDeleted:
-		f.out.fail(chatDeletedText)
+		c.out.fail(chatDeletedText)
 	}
 }
+
+// delta shows a live delta of the followed run, and holds one of a run
+// the stream does not know yet.
+func (c *chatStream) delta(ctx context.Context, d *liveDelta) {
+	if !d.fromRun {
+		c.s.metrics.dropped.WithLabelValues(dropNotCurrentRun).Inc()
+		return
+	}
+	if d.runID != c.run {
+		c.hold(ctx, d)
+		return
+	}
+	c.apply(ctx, d.delta)
+}
+
+// recheck reads the row's state: an event may have been lost (it is
+// published after its commit), and the database says for sure.
+func (c *chatStream) recheck(ctx context.Context) { c.check(ctx) }
+
+// lagged reads the row's state, for what the events the hub dropped said.
+func (c *chatStream) lagged(ctx context.Context) { c.check(ctx) }
+
+// closing cuts the connection rather than end the response: a client that
+// reads a clean end takes the reply as finished, one whose connection
+// breaks resumes it, from another process.
+func (c *chatStream) closing() { panic(http.ErrAbortHandler) }
+
+// gone does not end the stream: with no events from the hub any more, its
+// rechecks bring it to the reply's end.
+func (c *chatStream) gone() {}
+
+// expired is never called: a chat stream ends with its reply, not with its
+// token (the follower has no expiry for it).
+func (c *chatStream) expired() {}
 
 // begin follows run, whose reply will be replyID. eager asks the worker
 // for the reply so far at once; otherwise the run's first delta tells
 // whether the stream saw it from the start.
-func (f *chatFollower) begin(ctx context.Context, run, replyID string, eager bool) {
-	if run == "" || run == f.run {
+func (c *chatStream) begin(ctx context.Context, run, replyID string, eager bool) {
+	if run == "" || run == c.run {
 		return
 	}
-	f.out.start(replyID)
-	f.run, f.synced, f.lastSnapshot = run, false, time.Time{}
-	f.reply = batonnats.LiveReply{RunID: run}
-	held := f.held[run]
-	delete(f.held, run)
-	f.nheld -= len(held)
-	clear(f.heldAt)
+	c.out.start(replyID)
+	c.run, c.synced, c.lastSnapshot = run, false, time.Time{}
+	c.reply = batonnats.LiveReply{RunID: run}
+	held := c.held[run]
+	delete(c.held, run)
+	c.nheld -= len(held)
+	clear(c.heldAt)
 	if eager && (len(held) == 0 || held[0].Seq != 1) {
-		f.snapshot(ctx)
+		c.snapshot(ctx)
 	}
 	for _, d := range held {
-		f.apply(ctx, d)
+		c.apply(ctx, d)
 	}
 	// Deltas of other runs are previews no one shows any more.
-	clear(f.held)
-	f.nheld = 0
+	clear(c.held)
+	c.nheld = 0
 }
 
-// delta handles a live delta of the conversation.
-func (f *chatFollower) delta(ctx context.Context, d *liveDelta) {
-	if !d.fromRun {
-		f.s.metrics.dropped.WithLabelValues(dropNotCurrentRun).Inc()
+// hold keeps a delta of another run than the followed one, a few at most:
+// its processing event may still come. Held long enough with no run
+// followed, the database says whether the run is this stream's.
+func (c *chatStream) hold(ctx context.Context, d *liveDelta) {
+	if c.others[d.runID] {
 		return
 	}
-	if d.runID != f.run {
-		if f.others[d.runID] {
-			return
+	if c.nheld < heldDeltas {
+		if len(c.held[d.runID]) == 0 {
+			c.heldAt[d.runID] = time.Now()
 		}
-		// Its processing event may still come: hold it, a few at most.
-		if f.nheld < heldDeltas {
-			if len(f.held[d.runID]) == 0 {
-				f.heldAt[d.runID] = time.Now()
-			}
-			f.held[d.runID] = append(f.held[d.runID], d.delta)
-			f.nheld++
-		}
-		if f.run == "" && time.Since(f.heldAt[d.runID]) >= lookupEvery && time.Since(f.lastLookup) >= lookupEvery {
-			// The deltas came before the event: the database knows
-			// whether the run is this stream's.
-			f.lastLookup = time.Now()
-			f.check(ctx)
-			if f.run != d.runID && len(f.others) < heldDeltas {
-				f.others[d.runID] = true
-			}
-		}
-		return
+		c.held[d.runID] = append(c.held[d.runID], d.delta)
+		c.nheld++
 	}
-	f.apply(ctx, d.delta)
+	if c.run == "" && time.Since(c.heldAt[d.runID]) >= lookupEvery && time.Since(c.lastLookup) >= lookupEvery {
+		c.lastLookup = time.Now()
+		c.check(ctx)
+		if c.run != d.runID && len(c.others) < heldDeltas {
+			c.others[d.runID] = true
+		}
+	}
 }
 
 // apply folds the next delta of the followed run in and sends what it
 // adds. A gap (deltas lost, or a stream that joined the run late) is
 // filled by a snapshot from the worker; deltas the snapshot covers are
 // dropped, so no text comes twice.
-func (f *chatFollower) apply(ctx context.Context, d batonnats.LiveDelta) {
-	if d.Seq <= f.reply.Seq {
+func (c *chatStream) apply(ctx context.Context, d batonnats.LiveDelta) {
+	if d.Seq <= c.reply.Seq {
 		return
 	}
-	if d.Seq != f.reply.Seq+1 || !f.synced && d.Seq != 1 {
-		f.snapshot(ctx)
-		if d.Seq != f.reply.Seq+1 {
+	if d.Seq != c.reply.Seq+1 || !c.synced && d.Seq != 1 {
+		c.snapshot(ctx)
+		if d.Seq != c.reply.Seq+1 {
 			return
 		}
 	}
-	f.reply.Apply(d)
-	f.synced = true
-	f.out.sync(f.reply.Parts)
+	c.reply.Apply(d)
+	c.synced = true
+	c.out.sync(c.reply.Parts)
 }
 
 // snapshot asks the worker that runs the followed run for the reply so
 // far, at most once every snapshotEvery, and shows it.
-func (f *chatFollower) snapshot(ctx context.Context) {
-	nc := f.s.cfg.NATS
-	if nc == nil || f.run == "" || time.Since(f.lastSnapshot) < snapshotEvery {
+func (c *chatStream) snapshot(ctx context.Context) {
+	nc := c.s.cfg.NATS
+	if nc == nil || c.run == "" || time.Since(c.lastSnapshot) < snapshotEvery {
 		return
 	}
-	f.lastSnapshot = time.Now()
+	c.lastSnapshot = time.Now()
 	rctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, batonnats.SnapshotSubject(f.key, f.run), nil)
+	msg, err := nc.RequestWithContext(rctx, batonnats.SnapshotSubject(c.key, c.run), nil)
 	if err != nil {
 		return
 	}
 	var snap batonnats.LiveReply
-	if json.Unmarshal(msg.Data, &snap) != nil || snap.RunID != f.run || snap.Seq < f.reply.Seq {
+	if json.Unmarshal(msg.Data, &snap) != nil || snap.RunID != c.run || snap.Seq < c.reply.Seq {
 		return
 	}
-	f.reply, f.synced = snap, true
-	f.out.sync(f.reply.Parts)
+	c.reply, c.synced = snap, true
+	c.out.sync(c.reply.Parts)
 }
 
 // check reads the row's state, for what the events may not have said.
-func (f *chatFollower) check(ctx context.Context) {
-	t, err := schema.ReadRowTurn(ctx, f.s.pool, f.key, f.row)
+func (c *chatStream) check(ctx context.Context) {
+	t, err := schema.ReadRowTurn(ctx, c.s.pool, c.key, c.row)
 	switch {
 	case errors.Is(err, schema.ErrNotFound):
-		f.out.fail(chatVanishedText)
+		c.out.fail(chatVanishedText)
 	case err != nil:
 		if ctx.Err() == nil {
-			f.s.log.Warn().Err(err).Msg("read the turn a chat stream follows")
+			c.s.log.Warn().Err(err).Msg("read the turn a chat stream follows")
 		}
 	case t.Status == "processing":
-		f.begin(ctx, t.RunID, t.RunReplyID, true)
+		c.begin(ctx, t.RunID, t.RunReplyID, true)
 	case t.Status == "pending":
-		f.run, f.synced = "", false
-		a, err := schema.WaitingApproval(ctx, f.s.pool, f.key, f.row)
+		c.run, c.synced = "", false
+		a, err := schema.WaitingApproval(ctx, c.s.pool, c.key, c.row)
 		if err != nil {
 			if ctx.Err() == nil {
-				f.s.log.Warn().Err(err).Msg("read the approval a chat stream's turn waits for")
+				c.s.log.Warn().Err(err).Msg("read the approval a chat stream's turn waits for")
 			}
 			return
 		}
 		if a != nil {
-			f.out.awaitApproval(a)
+			c.out.awaitApproval(a)
 		}
 	case t.Settled:
-		f.out.settle()
+		c.out.settle()
 	case t.ReplyID != "":
-		f.finish(ctx, t.ReplyID)
+		c.finish(ctx, t.ReplyID)
 	default:
 		// Settled long ago, its run pruned: nothing to show.
-		f.out.settle()
+		c.out.settle()
 	}
 }
 
 // finish ends the stream with the committed reply or visible error.
-func (f *chatFollower) finish(ctx context.Context, messageID string) {
-	m, err := schema.ChatReply(ctx, f.s.pool, f.key, messageID)
+func (c *chatStream) finish(ctx context.Context, messageID string) {
+	m, err := schema.ChatReply(ctx, c.s.pool, c.key, messageID)
 	switch {
 	case errors.Is(err, schema.ErrNotFound):
-		f.out.fail(chatVanishedText)
+		c.out.fail(chatVanishedText)
 	case err != nil:
 		if ctx.Err() == nil {
-			f.s.log.Warn().Err(err).Msg("read the reply of a chat stream")
+			c.s.log.Warn().Err(err).Msg("read the reply of a chat stream")
 		}
-		f.out.err = err
+		c.err = err
 	case m.Role == schema.RoleError:
-		f.out.fail(m.Content)
+		c.out.fail(m.Content)
 	default:
-		f.out.finish(m)
+		c.out.finish(m)
 	}
 }

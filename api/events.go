@@ -1,14 +1,12 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -17,17 +15,9 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// sseHeartbeat keeps idle event streams alive through proxies and lets a
-// client notice a dead connection.
-const sseHeartbeat = 15 * time.Second
-
 // maxRunLookups is how many times a second an event stream may ask the
 // database which run holds its conversation.
 const maxRunLookups = 5
-
-// DefaultStreamRecheck is how often an open event stream checks again
-// that its conversation still exists and is still its user's.
-const DefaultStreamRecheck = 30 * time.Second
 
 // Reasons an event stream ends, sent in its final "end" event.
 const (
@@ -65,8 +55,9 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	user := userFrom(r.Context())
-	conv, err := schema.GetConversation(r.Context(), s.pool, user.ID, cid)
+	ctx := r.Context()
+	user := userFrom(ctx)
+	conv, err := schema.GetConversation(ctx, s.pool, user.ID, cid)
 	if err != nil {
 		if errors.Is(err, schema.ErrNotFound) {
 			s.notFound(w, cid)
@@ -75,267 +66,222 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	release, err := s.acquireStream(userFrom(r.Context()).ID)
+	release, err := s.acquireStream(user.ID)
 	if err != nil {
 		s.refuse(w, r, err)
 		return
 	}
 	defer release()
-	if s.cfg.JetStream == nil {
-		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events need NATS: start the API with --nats-url / BATON_NATS_URL")
+	if !s.eventsLive(w) {
 		return
 	}
-	rc := http.NewResponseController(w)
-	ctx := r.Context()
+	resumeFrom, ok := lastEventID(w, r)
+	if !ok {
+		return
+	}
+	// Subscribed before the stream's bounds are read, so that no event
+	// falls between what the catch-up reads and what the hub hands on.
+	f := s.subscribe(conv.Key)
+	defer f.unsubscribe()
+	st := &eventStream{sseWriter: newSSEWriter(w), s: s, user: user, conv: conv, cid: cid, opening: "ready", current: conv.RunID,
+		lookups: rate.NewLimiter(rate.Limit(maxRunLookups), maxRunLookups)}
+	if resumeFrom > 0 {
+		if err := st.resume(ctx, resumeFrom); err != nil {
+			s.log.Warn().Err(err).Msg("read the events stream's bounds")
+			writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events are not available right now; try again shortly")
+			return
+		}
+	}
+	f.expires = user.TokenExpiresAt
+	f.follow(ctx, st)
+}
+
+// eventsLive checks that the process follows the events stream, and
+// answers 503 when it does not.
+func (s *Server) eventsLive(w http.ResponseWriter) bool {
+	if s.cfg.JetStream == nil {
+		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events need NATS: start the API with --nats-url / BATON_NATS_URL")
+		return false
+	}
 	if err := s.hub.start(); err != nil {
 		s.log.Warn().Err(err).Msg("cannot follow the events stream")
 		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events are not available right now; try again shortly")
-		return
+		return false
 	}
+	return true
+}
+
+// lastEventID returns the sequence after the client's Last-Event-ID (a
+// header, or a query parameter for clients that cannot set one), 0 when it
+// sent none. It has answered 400 when ok is false.
+func lastEventID(w http.ResponseWriter, r *http.Request) (resumeFrom uint64, ok bool) {
 	lastID := r.Header.Get("Last-Event-ID")
 	if lastID == "" {
 		lastID = r.URL.Query().Get("last_event_id")
 	}
-	resumeFrom := uint64(0)
-	if lastID != "" {
-		n, err := strconv.ParseUint(lastID, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "bad_last_event_id", "Last-Event-ID must be the id of an event this endpoint sent")
-			return
-		}
-		resumeFrom = n + 1
+	if lastID == "" {
+		return 0, true
 	}
-	// Registered before anything is read, so that nothing published from
-	// now on is missed: the hub hands this stream every event after
-	// position, and what the client missed before it is read from the
-	// stream (catch-up).
-	l, position := s.hub.listen(conv.Key)
-	defer s.hub.forget(conv.Key, l)
-	first, sent := "ready", position
-	if resumeFrom > 0 {
-		firstSeq, lastSeq, err := s.hub.bounds(ctx)
-		switch {
-		case err != nil:
-			s.log.Warn().Err(err).Msg("read the events stream's bounds")
-			writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events are not available right now; try again shortly")
-			return
-		case resumeFrom-1 > lastSeq:
-			// From another stream (reset or recreated): reload.
-			first = "reset"
-		case resumeFrom < firstSeq:
-			// What came after the client's event is gone from retention:
-			// reload.
-			first = "reset"
-		default:
-			first, sent = "", resumeFrom-1
-		}
+	n, err := strconv.ParseUint(lastID, 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_last_event_id", "Last-Event-ID must be the id of an event this endpoint sent")
+		return 0, false
 	}
+	return n + 1, true
+}
 
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	if first != "" {
-		id := strconv.FormatUint(position, 10)
-		if err := writeSSE(w, id, first, fmt.Sprintf(`{"last_event_id":%s}`, id)); err != nil {
-			return
-		}
-	} else {
-		// Confirm the connection at once so that the client knows it is
-		// live even when nothing happens for a while.
-		fmt.Fprint(w, ": resumed\n\n")
-	}
-	_ = rc.Flush()
+// eventStream is Baton's own protocol over a follower: every committed
+// change of the conversation as an event whose id is its sequence in the
+// events stream, and the live deltas of the run that holds the
+// conversation as "delta" events without ids.
+type eventStream struct {
+	*sseWriter
+	s    *Server
+	user schema.User
+	conv schema.Conversation
+	cid  string // the conversation's id, as the client knows it
 
-	tick := time.NewTicker(sseHeartbeat)
-	defer tick.Stop()
-	recheck := time.NewTicker(s.cfg.StreamRecheck)
-	defer recheck.Stop()
-	// A token that expires ends the stream at that moment, not at the
-	// next check.
-	var expired <-chan time.Time
-	if !user.TokenExpiresAt.IsZero() {
-		t := time.NewTimer(time.Until(user.TokenExpiresAt))
-		defer t.Stop()
-		expired = t.C
-	}
+	// opening is the event the stream opens with: "ready" (the client
+	// loads the state after it), "reset" (what came after the client's
+	// Last-Event-ID is gone: it reloads), or "" when it resumes after
+	// resumeAfter.
+	opening     string
+	resumeAfter uint64
+
 	// Live deltas are forwarded only from the run that holds the
-	// conversation, as the database and the conversation events say: a
-	// delta anyone else publishes on the live subject never reaches the
-	// client.
-	current := conv.RunID
-	lookups := rate.NewLimiter(rate.Limit(maxRunLookups), maxRunLookups)
-	var lastRun string
-	var lastLookup time.Time
-	end := func(reason string) {
-		_ = writeSSE(w, "", "end", fmt.Sprintf(`{"reason":%q}`, reason))
-		_ = rc.Flush()
-	}
-	// errEnded stops the stream after its final event.
-	errEnded := errors.New("stream ended")
-	deliver := func(e hubEvent) error {
-		if e.seq <= sent {
-			return nil // sent already (catch-up and the hub overlap)
-		}
-		sent = e.seq
-		var ev batonnats.ConversationEvent
-		if json.Unmarshal(e.data, &ev) != nil {
-			return nil
-		}
-		if ev.At.Before(conv.CreatedAt) {
-			// Never anything from before the conversation existed.
-			return nil
-		}
-		switch ev.Type {
-		case batonnats.EventProcessing:
-			current = ev.RunID
-		case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled, batonnats.EventWaitingForApproval:
-			if ev.RunID == current {
-				current = ""
-			}
-		}
-		// The client knows the conversation by its own id.
-		ev.ConversationID = cid
-		body, _ := json.Marshal(ev)
-		if err := writeSSE(w, strconv.FormatUint(e.seq, 10), "", string(body)); err != nil {
-			return err
-		}
-		if ev.Type == batonnats.EventDeleted {
-			end(endDeleted)
-			return errEnded
-		}
-		return nil
-	}
-	sendDelta := func(d *liveDelta) error {
-		if d.fromRun && d.runID != current && (d.runID != lastRun || time.Since(lastLookup) > time.Second) && lookups.Allow() {
-			// The delta may have overtaken the processing event: the
-			// database knows the lease holder. A run is looked up again
-			// at most once a second, and a stream makes a few lookups a
-			// second at most, so a flood of forgeries costs no more.
-			lastRun, lastLookup = d.runID, time.Now()
-			if c, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); cerr == nil {
-				current = c.RunID
-			}
-		}
-		if !d.fromRun || d.runID != current {
-			s.metrics.dropped.WithLabelValues(dropNotCurrentRun).Inc()
-			return nil
-		}
-		_, err := w.Write(d.frame)
+	// conversation, current, as the database and the conversation events
+	// say: a delta anyone else publishes on the live subject never
+	// reaches the client. lookups limits the database's being asked;
+	// lastRun is the run it was last asked about, at lastLookup.
+	current    string
+	lookups    *rate.Limiter
+	lastRun    string
+	lastLookup time.Time
+}
+
+// resume decides how the stream of a client that saw every event before
+// resumeFrom opens: right after it, or with "reset" when the events stream
+// no longer holds what came after it.
+func (e *eventStream) resume(ctx context.Context, resumeFrom uint64) error {
+	firstSeq, lastSeq, err := e.s.hub.bounds(ctx)
+	switch {
+	case err != nil:
 		return err
+	case resumeFrom-1 > lastSeq:
+		// From another stream (reset or recreated): reload.
+		e.opening = "reset"
+	case resumeFrom < firstSeq:
+		// What came after the client's event is gone from retention:
+		// reload.
+		e.opening = "reset"
+	default:
+		e.opening, e.resumeAfter = "", resumeFrom-1
 	}
-	// drain writes what else is already waiting, so that one flush sends
-	// it all: a busy conversation costs a write per burst, not per event.
-	drain := func() error {
-		for range listenerEvents + listenerDeltas {
-			select {
-			case e := <-l.events:
-				if err := deliver(e); err != nil {
-					return err
-				}
-			case d := <-l.deltas:
-				if err := sendDelta(d); err != nil {
-					return err
-				}
-			default:
-				return nil
-			}
-		}
-		return nil
+	return nil
+}
+
+// catchUp opens the stream: with "ready" or "reset", whose id is the
+// position the stream follows from; or, resuming, with what the client
+// missed, read from the events stream.
+func (e *eventStream) catchUp(ctx context.Context, f *follower) {
+	e.header().Set("Cache-Control", "no-store")
+	e.open()
+	if e.opening != "" {
+		id := strconv.FormatUint(f.position, 10)
+		e.send(id, e.opening, fmt.Sprintf(`{"last_event_id":%s}`, id))
+		e.flush()
+		return
 	}
-	if first == "" && sent < position {
-		if err := s.hub.catchUp(ctx, s.eventsCfg.Subject(conv.Key), sent+1, position, deliver); err != nil {
-			if !errors.Is(err, errEnded) && ctx.Err() == nil {
-				s.log.Warn().Err(err).Msg("catch up an event stream")
-			}
-			return
+	// Confirmed at once so that the client knows it is live even when
+	// nothing happens for a while.
+	e.comment("resumed")
+	e.flush()
+	if err := f.replay(ctx, e, e.resumeAfter); err != nil && !errors.Is(err, errStreamDone) {
+		if ctx.Err() == nil {
+			e.s.log.Warn().Err(err).Msg("catch up an event stream")
 		}
-		if err := rc.Flush(); err != nil {
-			return
-		}
-	}
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.closing:
-			end(endClosing)
-			return
-		case <-l.gone:
-			// The events stream was made anew: the client connects
-			// again and, its Last-Event-ID being from the old stream,
-			// is told to reload.
-			return
-		case e := <-l.events:
-			if err := deliver(e); err != nil {
-				return
-			}
-		case d := <-l.deltas:
-			err = sendDelta(d)
-		case <-tick.C:
-			if l.lagging.Load() {
-				// Events were dropped for this slow client: it reconnects
-				// with its Last-Event-ID and catches up from the stream.
-				return
-			}
-			_, err = fmt.Fprint(w, ": keep-alive\n\n")
-		case <-expired:
-			end(endExpired)
-			return
-		case <-recheck.C:
-			// A JWT has no token row to check (TokenID 0): its stream
-			// ends at its expiry.
-			if user.TokenID != 0 {
-				if ok, terr := schema.TokenActive(ctx, s.pool, user.TokenID); terr == nil && !ok {
-					// An inactive token is revoked or past its expiry;
-					// the recheck may come before the expiry timer fires.
-					if !user.TokenExpiresAt.IsZero() && !time.Now().Before(user.TokenExpiresAt) {
-						end(endExpired)
-					} else {
-						end(endRevoked)
-					}
-					return
-				}
-			}
-			// The deleted event may have been lost (it is published after
-			// the commit); the database says for sure.
-			if _, cerr := schema.ConversationByKey(ctx, s.pool, user.ID, conv.Key); errors.Is(cerr, schema.ErrNotFound) {
-				end(endDeleted)
-				return
-			}
-		}
-		if err == nil {
-			err = drain()
-		}
-		if err != nil {
-			return
-		}
-		if l.lagging.Load() {
-			return
-		}
-		if err := rc.Flush(); err != nil {
-			return
-		}
+		e.close()
 	}
 }
 
-// writeSSE writes one event. data must not contain newlines (JSON here).
-func writeSSE(w http.ResponseWriter, id, event, data string) error {
-	_, err := w.Write(sseFrame(id, event, data))
-	return err
+func (e *eventStream) event(_ context.Context, seq uint64, ev batonnats.ConversationEvent) {
+	if ev.At.Before(e.conv.CreatedAt) {
+		// Never anything from before the conversation existed.
+		return
+	}
+	switch ev.Type {
+	case batonnats.EventProcessing:
+		e.current = ev.RunID
+	case batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending, batonnats.EventWaiting, batonnats.EventCancelled, batonnats.EventWaitingForApproval:
+		if ev.RunID == e.current {
+			e.current = ""
+		}
+	}
+	// The client knows the conversation by its own id.
+	ev.ConversationID = e.cid
+	body, _ := json.Marshal(ev)
+	e.send(strconv.FormatUint(seq, 10), "", string(body))
+	if ev.Type == batonnats.EventDeleted {
+		e.end(endDeleted)
+	}
 }
 
-// sseFrame is one event in the text/event-stream format.
-func sseFrame(id, event, data string) []byte {
-	var b bytes.Buffer
-	if id != "" {
-		b.WriteString("id: " + id + "\n")
+func (e *eventStream) delta(ctx context.Context, d *liveDelta) {
+	if d.fromRun && d.runID != e.current && (d.runID != e.lastRun || time.Since(e.lastLookup) > time.Second) && e.lookups.Allow() {
+		// The delta may have overtaken the processing event: the
+		// database knows the lease holder. A run is looked up again at
+		// most once a second, and a stream makes a few lookups a second
+		// at most, so a flood of forgeries costs no more.
+		e.lastRun, e.lastLookup = d.runID, time.Now()
+		if c, err := schema.ConversationByKey(ctx, e.s.pool, e.user.ID, e.conv.Key); err == nil {
+			e.current = c.RunID
+		}
 	}
-	if event != "" {
-		b.WriteString("event: " + event + "\n")
+	if !d.fromRun || d.runID != e.current {
+		e.s.metrics.dropped.WithLabelValues(dropNotCurrentRun).Inc()
+		return
 	}
-	b.WriteString("data: " + strings.ReplaceAll(data, "\n", "") + "\n\n")
-	return b.Bytes()
+	e.frame(d.frame)
+}
+
+// recheck ends the stream whose token is no longer active, or whose
+// conversation is gone: the deleted event may have been lost (it is
+// published after the commit), and the database says for sure.
+func (e *eventStream) recheck(ctx context.Context) {
+	// A JWT has no token row to check (TokenID 0): its stream ends at its
+	// expiry.
+	if e.user.TokenID != 0 {
+		if ok, err := schema.TokenActive(ctx, e.s.pool, e.user.TokenID); err == nil && !ok {
+			// An inactive token is revoked or past its expiry; the
+			// recheck may come before the expiry timer fires.
+			if !e.user.TokenExpiresAt.IsZero() && !time.Now().Before(e.user.TokenExpiresAt) {
+				e.end(endExpired)
+			} else {
+				e.end(endRevoked)
+			}
+			return
+		}
+	}
+	if _, err := schema.ConversationByKey(ctx, e.s.pool, e.user.ID, e.conv.Key); errors.Is(err, schema.ErrNotFound) {
+		e.end(endDeleted)
+	}
+}
+
+// lagged ends the stream: the client reconnects with its Last-Event-ID
+// and catches up from the events stream.
+func (e *eventStream) lagged(context.Context) { e.close() }
+
+func (e *eventStream) closing() { e.end(endClosing) }
+
+// gone ends the stream: the client connects again and, its Last-Event-ID
+// being from the old stream, is told to reload.
+func (e *eventStream) gone() { e.close() }
+
+func (e *eventStream) expired() { e.end(endExpired) }
+
+// end sends the stream's final event, which says why it ends.
+func (e *eventStream) end(reason string) {
+	e.send("", "end", fmt.Sprintf(`{"reason":%q}`, reason))
+	e.flush()
+	e.close()
 }
