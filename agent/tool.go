@@ -62,7 +62,6 @@ var ErrInvalidTool = errors.New("invalid tool")
 type compiled struct {
 	spec       Tool
 	schema     *jsonschema.Schema
-	parameters map[string]any
 	// server, defSHA256 and approval are an MCP tool's: its server, the
 	// hash of its definition, and whether its calls wait for approval.
 	server    string
@@ -103,7 +102,7 @@ func compile(t Tool) (*compiled, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %q: schema does not compile: %v", ErrInvalidTool, t.Name, err)
 	}
-	return &compiled{spec: t, schema: sch, parameters: params}, nil
+	return &compiled{spec: t, schema: sch}, nil
 }
 
 // Spec declares the tool to agents (consumer.DeclaredTool).
