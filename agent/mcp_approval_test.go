@@ -11,6 +11,7 @@ import (
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -49,8 +50,8 @@ func (s *stack) awaitApproval(f *faultServer, conv string) batonnats.Conversatio
 	require.NotEmpty(s.t, ev.ApprovalID)
 	total, _ := f.count("count")
 	require.Zero(s.t, total, "nothing is sent before the approval")
-	require.Zero(s.t, s.count(`SELECT count(*) FROM conversations WHERE id = $1 AND run_id IS NOT NULL`, conv), "no lease is held while it waits")
-	require.Zero(s.t, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = $1 AND status <> 'pending'`, conv), "the rows wait as pending")
+	require.Zero(s.t, testenv.Count(s.t, s.db.Pool, `SELECT count(*) FROM conversations WHERE id = $1 AND run_id IS NOT NULL`, conv), "no lease is held while it waits")
+	require.Zero(s.t, testenv.Count(s.t, s.db.Pool, `SELECT count(*) FROM agent_outbox WHERE conversation_id = $1 AND status <> 'pending'`, conv), "the rows wait as pending")
 	conversation, err := schema.GetConversation(context.Background(), s.db.Pool, s.owner, conv)
 	require.NoError(s.t, err)
 	require.Equal(s.t, schema.TurnWaitingForApproval, conversation.TurnState)
@@ -79,8 +80,8 @@ func TestAnApprovedCallRunsOnceWithTheStoredArgumentsWithoutAskingTheModelAgain(
 		SELECT o.status, o.message_id IS NOT NULL FROM operations o WHERE o.conversation_id = 'c'`).Scan(&status, &attached))
 	require.Equal(t, "completed", status)
 	require.True(t, attached, "the call is attached to the reply")
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = 'c' AND status = 'waiting_for_approval'`))
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = 'c' AND status = 'finalized'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_runs WHERE conversation_id = 'c' AND status = 'waiting_for_approval'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_runs WHERE conversation_id = 'c' AND status = 'finalized'`))
 }
 
 func TestADeniedCallIsNotSentAndTheModelIsTold(t *testing.T) {

@@ -159,6 +159,6 @@ func TestAToolOfTheReferenceMCPServerIsJournaledAndAnswersOverStdioAndHTTP(t *te
 		require.Len(t, defSum, 64, "the definition's hash is journaled")
 		require.True(t, attached, "the operation is attached to the reply")
 	}
-	require.Equal(t, 2, s.count(`SELECT count(*) FROM mcp_tools WHERE tool = 'echo' AND effect = 'read'`),
+	require.Equal(t, 2, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM mcp_tools WHERE tool = 'echo' AND effect = 'read'`),
 		"each server's echo is recorded with its effect")
 }

@@ -139,7 +139,7 @@ func TestAWorkerKilledDuringAnMCPWriteNeverSendsItAgain(t *testing.T) {
 	total, perKey := f.count("slow")
 	require.Equal(t, 1, total, "the call was sent once, by the killed worker only")
 	require.Equal(t, 1, perKey, "every idempotency key at most once")
-	require.Zero(t, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = 'c' AND status <> 'error'`), "the turn ended")
+	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_outbox WHERE conversation_id = 'c' AND status <> 'error'`), "the turn ended")
 }
 
 // TestAWorkerKilledWhileATurnWaitsForApprovalChangesNothing kills a real

@@ -87,6 +87,6 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 	after, appliedAfter := hook.snapshot()
 	require.Equal(t, deliveries, after, "the write was not sent again")
 	require.Equal(t, applied, appliedAfter)
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM operations WHERE tool = 'webhook' AND effect = 'write'`))
-	require.Zero(t, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-kill' AND role = 'assistant'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations WHERE tool = 'webhook' AND effect = 'write'`))
+	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'conv-kill' AND role = 'assistant'`))
 }

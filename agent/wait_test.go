@@ -13,6 +13,7 @@ import (
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/testenv"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -80,7 +81,7 @@ func TestARetryAfterOf45SecondsIsWaitedOutsideTheLease(t *testing.T) {
 	all := callsOf("busy")
 	require.Len(t, all, 2, "two calls in all: the refused one and the answer")
 	require.GreaterOrEqual(t, all[1].Sub(all[0]), wait, "the second call starts no sooner than the Retry-After")
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'busy' AND role = 'assistant'`))
-	require.Zero(t, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'busy' AND role = 'error'`), "a wait is not a failure the user sees")
-	require.Equal(t, 2, s.count(`SELECT attempts FROM agent_outbox WHERE conversation_id = 'busy'`), "the refused call was a real attempt, and the only retry")
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'busy' AND role = 'assistant'`))
+	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'busy' AND role = 'error'`), "a wait is not a failure the user sees")
+	require.Equal(t, 2, testenv.Count(t, s.db.Pool, `SELECT attempts FROM agent_outbox WHERE conversation_id = 'busy'`), "the refused call was a real attempt, and the only retry")
 }

@@ -178,13 +178,6 @@ func (s *stack) awaitWithin(within time.Duration, conversationID string, want ..
 	}
 }
 
-func (s *stack) count(query string, args ...any) int {
-	s.t.Helper()
-	var n int
-	require.NoError(s.t, s.db.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
-}
-
 // receiver is a webhook endpoint that applies each idempotency key once,
 // as a well-behaved system does, and fails its first delivery.
 type receiver struct {
@@ -264,7 +257,7 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 		`SELECT role, content FROM messages WHERE id = $1`, replied.MessageID).Scan(&role, &content))
 	require.Equal(t, schema.RoleAssistant, role)
 	require.Equal(t, "Opening a ticket.\n\nTicket 7 is open.", content)
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-ticket' AND role = 'assistant'`), "one reply")
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'conv-ticket' AND role = 'assistant'`), "one reply")
 
 	rows, err := s.db.Pool.Query(context.Background(), `
 		SELECT tool, tool_version, effect, status, tool_call_id, COALESCE(idempotency_key, ''), run_id, COALESCE(message_id, '')
@@ -327,10 +320,10 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	require.NotContains(t, content, "http", "the user's text names no server")
 	require.NotContains(t, content, "sk-te", "the visible error must not quote the key")
 	require.NotContains(t, detail, "sk-te", "nor the operator's detail")
-	require.Equal(t, 0, s.count(`SELECT count(*) FROM messages WHERE conversation_id = 'conv-401' AND role = 'assistant'`))
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-401' AND status = 'error'`))
+	require.Equal(t, 0, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'conv-401' AND role = 'assistant'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-401' AND status = 'error'`))
 	require.Len(t, model.Requests(), 1, "a refused key is terminal: no second attempt")
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_runs WHERE conversation_id = 'conv-401'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_runs WHERE conversation_id = 'conv-401'`))
 }
 
 func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T) {
@@ -359,10 +352,10 @@ func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1`, failed.MessageID).Scan(&content))
 	require.Contains(t, content, `"open_ticket"`)
 	require.Contains(t, content, "not repeated")
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM operations WHERE conversation_id = 'conv-cut' AND effect = 'write' AND status = 'completed' AND message_id = $1`, failed.MessageID))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations WHERE conversation_id = 'conv-cut' AND effect = 'write' AND status = 'completed' AND message_id = $1`, failed.MessageID))
 
 	// The rows are terminal: no worker will claim them again.
-	require.Equal(t, 1, s.count(`SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-cut' AND status = 'error'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-cut' AND status = 'error'`))
 	_, applied := hook.snapshot()
 	require.Len(t, applied, 1)
 	for _, n := range applied {

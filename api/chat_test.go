@@ -366,12 +366,12 @@ func TestTheChatAdapter(t *testing.T) {
 		again.rest()
 		require.Equal(t, replyID, again.first("start")["messageId"], "the same POST again attaches to the same turn")
 		require.Equal(t, "echo: hello there", again.text())
-		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id = 'plain'`), "and never starts a second one")
+		require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id = 'plain'`), "and never starts a second one")
 		// A worker's claim waits for the message's transaction on the
 		// conversation's row; a conversation made in that same transaction
 		// would have no row to wait on, and an early claim would take it
 		// for deleted and drop the trigger.
-		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM conversations c JOIN messages m ON m.conversation_id = c.id
+		require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM conversations c JOIN messages m ON m.conversation_id = c.id
 			WHERE c.public_id = 'plain' AND m.public_id = 'p1' AND c.xmin::text <> m.xmin::text`), "a new chat commits before its first message")
 	})
 
@@ -395,8 +395,8 @@ func TestTheChatAdapter(t *testing.T) {
 			require.Equal(t, "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10", c.text())
 		}
 		require.Equal(t, streams[0].first("start")["messageId"], streams[1].first("start")["messageId"])
-		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id = 'twice'`))
-		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.public_id = 'twice' AND m.role = 'user'`))
+		require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id = 'twice'`))
+		require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.public_id = 'twice' AND m.role = 'user'`))
 	})
 
 	t.Run("a message sent while a reply streams supersedes it, and both streams end with the reply that covers them", func(t *testing.T) {
@@ -687,16 +687,9 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 		require.Equal(t, http.StatusNoContent, s.do(t, s.alice, "GET", "/v1/chat/mail-stop/stream", nil).Status, "nothing waits any more")
 		late := s.do(t, s.alice, "POST", "/v1/chat", approvalAnswer("mail-stop", "mail-stop-m1", "mail dave", first, approvalID, true))
 		require.Equal(t, http.StatusConflict, late.Status, "the stop decided it: %s", late.Raw)
-		require.Equal(t, 1, s.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied'`, approvalID))
+		require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied'`, approvalID))
 		next := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("mail-stop", "mail-stop-m2", "after the stop"))
 		next.rest()
 		require.Equal(t, "echo: after the stop", next.text(), "a message after the stop gets a turn of its own")
 	})
-}
-
-func (b *bundle) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
 }

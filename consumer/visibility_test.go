@@ -70,7 +70,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 	outboxtest.RunInBackground(t, "relay", r.Run)
 	// The relay provisions the stream before it streams; the worker joins
 	// it after that.
-	pollUntil(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
 		err := ha.DB.Pool.QueryRow(ctx, `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
@@ -132,7 +132,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 
 	// The relay publishes the trigger although the commit is not visible:
 	// the race this test is about does happen.
-	pollUntil(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		si, err := info.Info(ctx)
 		return err == nil && si.State.LastSeq > lastSeq
 	}, "the relay publishes the trigger of outbox row %d while its commit waits for the standby", id)
@@ -172,7 +172,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 		ci, err := consumer.Info(ctx)
 		return err == nil && ci.AckFloor.Stream > lastSeq
 	}
-	pollUntil(t, 30*time.Second, func() bool { return claimWaits() || claimCommitWaits() || triggerAcked() },
+	testenv.Eventually(t, 30*time.Second, func() bool { return claimWaits() || claimCommitWaits() || triggerAcked() },
 		"the worker's claim for outbox row %d either waits on the conversation row, or went past it", id)
 	t.Logf("claim waiting on the conversation row: %v; claim past it, committing: %v; trigger acked already: %v",
 		claimWaits(), claimCommitWaits(), triggerAcked())
@@ -234,18 +234,5 @@ func postSynchronously(t *testing.T, pool *pgxpool.Pool, owner int64, conversati
 	})
 	if err != nil {
 		t.Errorf("post %s: %v", messageID, err)
-	}
-}
-
-// pollUntil polls external state (stream, consumer and server views)
-// every 10ms until cond holds, and fails the test after timeout.
-func pollUntil(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

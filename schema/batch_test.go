@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/testenv"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -102,9 +103,9 @@ func TestClaimTurnsClaimsEachConversationOfABatchAsIfAlone(t *testing.T) {
 	require.Equal(t, []string{"pending"}, b.statuses(t, "waits"))
 	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "capped"))
 	require.Equal(t, []string{"processing", "processing"}, b.statuses(t, "b"))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM conversations WHERE run_id = 'run-owner'`))
-	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-a', 'run-b', 'run-capped') AND status = 'running'`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-busy', 'run-waits', 'run-gone')`), "no run is recorded for a refused claim")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE run_id = 'run-owner'`))
+	require.Equal(t, 3, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id IN ('run-a', 'run-b', 'run-capped') AND status = 'running'`))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id IN ('run-busy', 'run-waits', 'run-gone')`), "no run is recorded for a refused claim")
 
 	// The turns that were claimed end in one statement too.
 	var fs []schema.Finalize
@@ -172,9 +173,9 @@ func TestFinalizeTurnsCommitsEachTurnOnItsOwnFence(t *testing.T) {
 	require.Equal(t, []string{"done"}, b.statuses(t, "b"))
 	require.Equal(t, []string{"processing"}, b.statuses(t, "lost"), "a run that lost its lease writes nothing")
 	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "newer"))
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM agent_runs WHERE status = 'finalized'`))
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM conversations WHERE run_id IS NOT NULL AND id IN ($1, $2)`, b.key("a"), b.key("b")), "the answered conversations are released")
+	require.Equal(t, 2, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE status = 'finalized'`))
+	require.Equal(t, 0, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE run_id IS NOT NULL AND id IN ($1, $2)`, b.key("a"), b.key("b")), "the answered conversations are released")
 }
 
 // TestABatchTheServerRefusesIsRunOneByOne: a reply PostgreSQL cannot store
@@ -206,7 +207,7 @@ func TestABatchTheServerRefusesIsRunOneByOne(t *testing.T) {
 	require.NoError(t, res[1].Err)
 	require.Equal(t, []string{"processing"}, b.statuses(t, "a"), "the refused turn keeps its rows")
 	require.Equal(t, []string{"done"}, b.statuses(t, "b"))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
 // TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest: while
@@ -251,7 +252,7 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 	require.NoError(t, claims[3].Err)
 	require.Equal(t, []string{"pending"}, b.statuses(t, "held"), "nothing is written for the held conversation")
 	require.Equal(t, []string{"processing", "pending"}, b.statuses(t, "expired"), "nor for the expired one")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id IN ('run-held', 'run-expired')`))
+	require.Equal(t, 0, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id IN ('run-held', 'run-expired')`))
 
 	// Alone, the expired run is recovered and its rows claimed.
 	c, _, err := schema.ClaimTurn(quick, b.db.Pool, params("expired", "run-expired"), 10)
@@ -276,7 +277,7 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 	held := <-claimed
 	require.NoError(t, held.Err)
 	require.Len(t, held.Claim.OutboxIDs, 1)
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-bounded'`), "the bounded claim that gave up never claims")
+	require.Equal(t, 0, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id = 'run-bounded'`), "the bounded claim that gave up never claims")
 
 	// Finalizes: the held conversation again, and a newer message for one.
 	holder, err = b.db.Pool.Begin(ctx)
@@ -310,7 +311,7 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 	require.NoError(t, holder.Rollback(ctx))
 	require.NoError(t, <-finalized)
 	require.Equal(t, []string{"done"}, b.statuses(t, "held"))
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
 // eventuallyWaitsForLock waits until a session of b's database waits for a
@@ -318,7 +319,7 @@ func TestTheBatchesThatDoNotWaitSkipAHeldConversationAndDoTheRest(t *testing.T) 
 func (b turnBundle) eventuallyWaitsForLock(t *testing.T, what string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		return testenv.Count(t, b.db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
 	}, 10*time.Second, 5*time.Millisecond, what)
 }
 
@@ -347,9 +348,9 @@ func TestABoundedClaimThatGivesUpWhileRecoveringLeavesTheExpiredRunAsItWas(t *te
 	_, _, err = schema.ClaimTurnWithin(quick, b.db.Pool, p, 10, 100*time.Millisecond)
 	require.ErrorIs(t, err, schema.ErrLockWait)
 	require.Equal(t, []string{"processing"}, b.statuses(t, "c"))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND run_id = 'run-dead'`, b.key("c")), "the dead run still owns the conversation")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-dead' AND status = 'running'`), "the dead run is not marked recovered")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-new'`))
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE id = $1 AND run_id = 'run-dead'`, b.key("c")), "the dead run still owns the conversation")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id = 'run-dead' AND status = 'running'`), "the dead run is not marked recovered")
+	require.Equal(t, 0, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id = 'run-new'`))
 
 	require.NoError(t, holder.Rollback(ctx))
 	c, _, err := schema.ClaimTurnWithin(quick, b.db.Pool, p, 10, 100*time.Millisecond)

@@ -409,8 +409,8 @@ func TestFinalizeTxHandsATurnBackForANewerMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, out.Superseded, "a newer message hands the turn back")
 	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "c"))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no reply to part of the burst")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'superseded'`))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no reply to part of the burst")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'superseded'`))
 
 	c, err = b.claim(t, "c", "run-2", time.Minute)
 	require.NoError(t, err)

@@ -113,11 +113,7 @@ func TestTheSQLProducerMakesAUserOnlyWhenItCreatesAConversation(t *testing.T) {
 	t.Parallel()
 	db := testenv.Database(t)
 	ctx := context.Background()
-	users := func() int {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM users`).Scan(&n))
-		return n
-	}
+	users := func() int { return testenv.Count(t, db.Pool, `SELECT count(*) FROM users`) }
 	code := func(err error) string {
 		var pgErr *pgconn.PgError
 		require.True(t, errors.As(err, &pgErr), "want a PostgreSQL error, got %v", err)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/testenv"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -60,8 +61,8 @@ func TestAStopSettlesWaitingMessagesAndEndsTheRunningTurnStopped(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, out.Stopped, "a run asked to stop ends stopped")
 	require.Equal(t, c.ReplyID(), out.MessageID)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped AND content = 'partial'`), "the partial reply is kept, marked stopped")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'finalized' AND reply_message_id = $1`, out.MessageID),
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped AND content = 'partial'`), "the partial reply is kept, marked stopped")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_runs WHERE id = 'run-1' AND status = 'finalized' AND reply_message_id = $1`, out.MessageID),
 		"the run is finalized with its stopped reply")
 
 	b.send(t, "c", "m3", "three")
@@ -82,7 +83,7 @@ func TestAStopSettlesWaitingMessagesAndEndsTheRunningTurnStopped(t *testing.T) {
 	s = b.stop(t, "c")
 	require.Empty(t, s.RunID, "nothing runs: nothing to stop")
 	require.Empty(t, s.SettledIDs)
-	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM messages`), "a stop of nothing writes nothing")
+	require.Equal(t, 5, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages`), "a stop of nothing writes nothing")
 }
 
 // TestRecoveryOfAStoppedRunSettlesItStoppedAndNeverRetries: a worker that
@@ -114,9 +115,9 @@ func TestRecoveryOfAStoppedRunSettlesItStoppedAndNeverRetries(t *testing.T) {
 	for _, conv := range []string{"quiet", "wrote"} {
 		require.Equal(t, []string{"done"}, b.statuses(t, conv), conv)
 	}
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'error'`), "a stop is no failure")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE message_id IS NOT NULL`), "the write is attached to the stopped reply")
+	require.Equal(t, 2, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant' AND stopped`))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'error'`), "a stop is no failure")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE message_id IS NOT NULL`), "the write is attached to the stopped reply")
 }
 
 // TestRegenerateAnswersTheNewestTurnAgainWithAReplyOfItsOwn: the rows go
@@ -301,9 +302,9 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	require.Equal(t, req.ApprovalID, s.Approval.ID)
 	require.Equal(t, schema.ApprovalDenied, s.Approval.Status)
 	require.True(t, s.Denied, "the stop denied it")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied' AND decided_by = $2`, req.ApprovalID, b.owner),
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'denied' AND decided_by = $2`, req.ApprovalID, b.owner),
 		"the approval is denied, by the user who stopped")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND error = 'not sent: the turn was stopped'`, req.OperationID),
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND error = 'not sent: the turn was stopped'`, req.OperationID),
 		"the call is recorded as never sent")
 	require.ErrorIs(t, b.decide(t, "c", req.ApprovalID, true), schema.ErrApprovalDecided, "a stopped turn's approval cannot be given afterwards")
 
@@ -317,11 +318,11 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	require.Nil(t, c2.Resume, "the stopped turn is never resumed")
 	require.Equal(t, schema.TurnIDOf([]int64{row}, 1), c2.TurnID)
 	require.Equal(t, []string{"one"}, contents(in.Messages))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND approval_id IS NOT NULL`, b.key("c")), "the claim forgot the approval")
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE id = $1 AND approval_id IS NOT NULL`, b.key("c")), "the claim forgot the approval")
 	_, err = schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c2.TurnID, OutboxIDs: c2.OutboxIDs,
 		Generation: c2.Generation, Content: "answer"})
 	require.NoError(t, err)
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status <> 'denied'`, req.OperationID), "the call was never sent")
+	require.Equal(t, 0, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE id = $1 AND status <> 'denied'`, req.OperationID), "the call was never sent")
 
 	// The same with a new message instead of a regenerate.
 	b.conversation(t, "d")
@@ -331,7 +332,7 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	s = b.stop(t, "d")
 	require.Equal(t, schema.ApprovalApproved, s.Approval.Status, "a decided approval keeps its decision")
 	require.False(t, s.Denied)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied'`, req.OperationID), "its call is never sent")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied'`, req.OperationID), "its call is never sent")
 	b.send(t, "d", "d-m2", "two")
 	c3, in, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("d"), RunID: "run-d2", Worker: "w", Lease: time.Minute, MaxAttempts: 3}, 10)
 	require.NoError(t, err)
@@ -355,8 +356,8 @@ func TestARunAskedToStopDoesNotWaitForAnApproval(t *testing.T) {
 		return err
 	})
 	require.ErrorIs(t, err, schema.ErrStopRequested, "the run ends stopped instead of waiting")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM approvals`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM operations`))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM approvals`))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations`))
 }
 
 // TestATurnResumedFromAnApprovalKeepsItsGenerationAndReplyID: a
@@ -399,7 +400,7 @@ func TestATurnResumedFromAnApprovalKeepsItsGenerationAndReplyID(t *testing.T) {
 	require.Equal(t, schema.RecoveryStopped, c4.Recovered.Outcome, "a stopped run is settled stopped, never retried")
 	require.Equal(t, c2.ReplyID(), c4.Recovered.ReplyID)
 	require.True(t, c4.Empty(), "nothing is left to answer")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND message_id = $2`, req.OperationID, c2.ReplyID()),
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE id = $1 AND status = 'denied' AND message_id = $2`, req.OperationID, c2.ReplyID()),
 		"the call that was never sent is settled and shown with the stopped reply")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM conversations WHERE id = $1 AND (approval_id IS NOT NULL OR run_id IS NOT NULL)`, b.key("c")))
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE id = $1 AND (approval_id IS NOT NULL OR run_id IS NOT NULL)`, b.key("c")))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/batonhq/baton/internal/testenv"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -86,7 +87,7 @@ func TestAFreeConversationsTurnIsClaimedAndFinalizedInOneStatementEach(t *testin
 	// A second finalize of the same turn (a redelivery) adds nothing.
 	_, err = schema.FinalizeTurn(ctx, pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-1", TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "again"})
 	require.ErrorIs(t, err, schema.ErrLeaseLost)
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 2, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 
 	id4 := b.send(t, "c", "m4", "four")
 	tx, err := pool.Begin(ctx)
@@ -174,9 +175,9 @@ func TestFinalizeTurnHandsATurnBackForANewerMessage(t *testing.T) {
 	out, err := schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-1", TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "partial", SupersedeIfNewer: true})
 	require.NoError(t, err)
 	require.True(t, out.Superseded)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no reply to part of the burst")
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no reply to part of the burst")
 	require.Equal(t, []string{"pending", "pending"}, b.statuses(t, "c"))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM agent_outbox WHERE attempts <> 0`), "a superseded turn is not an attempt")
+	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM agent_outbox WHERE attempts <> 0`), "a superseded turn is not an attempt")
 
 	p.RunID = "run-2"
 	c, in, err := schema.ClaimTurn(ctx, b.db.Pool, p, 10)
@@ -187,14 +188,7 @@ func TestFinalizeTurnHandsATurnBackForANewerMessage(t *testing.T) {
 	out, err = schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c.TurnID, OutboxIDs: c.OutboxIDs, Content: "both", SupersedeIfNewer: true})
 	require.NoError(t, err)
 	require.False(t, out.Superseded, "a run that started a write keeps its reply")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
-}
-
-func (b turnBundle) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
 
 // TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited: a claim
@@ -227,11 +221,9 @@ func TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited(t *testing.T) {
 		c, _, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-b", Worker: "b", Lease: time.Minute, MaxAttempts: 3}, 10)
 		done <- result{c, err}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%c.id = ANY($1) ORDER BY c.id FOR UPDATE%'`) == 0 {
-		require.True(t, time.Now().Before(deadline), "run B's claim did not wait for the lock")
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return testenv.Count(t, b.db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%c.id = ANY($1) ORDER BY c.id FOR UPDATE%'`) > 0
+	}, "run B's claim to wait for the lock")
 	// A finishes its turn and commits: the conversation is free again.
 	_, err = schema.FinalizeTx(ctx, tx, schema.Finalize{ConversationID: b.key("c"), RunID: "run-a", TurnID: a.TurnID, OutboxIDs: a.OutboxIDs, Content: "answer"})
 	require.NoError(t, err)
@@ -241,5 +233,5 @@ func TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited(t *testing.T) {
 	require.NoError(t, r.err)
 	require.True(t, r.c.Empty(), "the row A answered is not claimed again: %+v", r.c)
 	require.Equal(t, []string{"done"}, b.statuses(t, "c"))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }

@@ -54,9 +54,8 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 
 	stopRelay := start(t, args("relay", "--slot", slot, "--heartbeat", "200ms", "--status-interval", "200ms",
 		"--sweep-interval", "1h", "--sweep-age", "1h")...)
-	db := &outbox{t: t, db: ha.DB}
-	db.eventually(30*time.Second, func() bool {
-		return db.count(`
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return testenv.Count(t, ha.DB.Pool, `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.slot_name = $1`, slot) == 1
 	}, "baton relay streams from slot %s on the primary (it provisioned the stream before)", slot)
@@ -71,7 +70,7 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 		}
 		return n
 	}
-	db.eventually(30*time.Second, func() bool { return answered() >= 30 }, "30 messages answered before the failover")
+	testenv.Eventually(t, 30*time.Second, func() bool { return answered() >= 30 }, "30 messages answered before the failover")
 
 	// The relay lags: messages committed now reach no trigger before the
 	// primary dies.
@@ -80,7 +79,7 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 		SELECT r.pid FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
 		WHERE s.slot_name = $1`, slot).Scan(&walSender))
 	require.NoError(t, syscall.Kill(walSender, syscall.SIGSTOP))
-	db.eventually(10*time.Second, func() bool { return processStopped(walSender) }, "the relay's WAL sender (pid %d) is stopped", walSender)
+	testenv.Eventually(t, 10*time.Second, func() bool { return processStopped(walSender) }, "the relay's WAL sender (pid %d) is stopped", walSender)
 	const orphans = 4
 	var orphaned []string
 	for i := range orphans {
@@ -107,7 +106,7 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 	// first answer to a message posted after the failover, which only the
 	// recreated slot can have announced.
 	var firstTurn time.Time
-	db.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		var at *time.Time
 		err := ha.DB.Pool.QueryRow(ctx, `SELECT min(finished_at) FROM agent_runs WHERE status = 'finalized' AND finished_at > $1`, failedOver).Scan(&at)
 		if err != nil || at == nil {
@@ -116,30 +115,30 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 		firstTurn = *at
 		return true
 	}, "a turn finalized on the promoted standby")
-	db.eventually(30*time.Second, func() bool {
-		return db.count(`
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return testenv.Count(t, ha.DB.Pool, `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.slot_name = $1`, slot) == 1
 	}, "baton relay streams from slot %s on the promoted standby", slot)
 	relayBack := time.Since(killed)
 	afterFailover := p.acknowledgedSince(failedOver)
-	db.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		ids := afterFailover()
-		return len(ids) > 0 && db.count(`
+		return len(ids) > 0 && testenv.Count(t, ha.DB.Pool, `
 			SELECT count(*) FROM agent_outbox o JOIN messages m ON m.id = o.message_id
 			WHERE m.public_id = ANY($1) AND o.status = 'done'`, ids) > 0
 	}, "a message posted after the failover is answered")
 	firstNew := time.Since(killed)
 	// Steady posting goes on for a while on the new primary.
-	db.eventually(30*time.Second, func() bool { return len(afterFailover()) >= 20 }, "20 messages acknowledged after the failover")
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(afterFailover()) >= 20 }, "20 messages acknowledged after the failover")
 	p.stop()
 
 	acked := p.acknowledged()
 	require.Greater(t, len(acked), len(ackedBefore))
-	db.eventually(45*time.Second, func() bool {
-		return db.count(`SELECT count(*) FROM agent_outbox WHERE status <> 'done'`) == 0
+	testenv.Eventually(t, 45*time.Second, func() bool {
+		return testenv.Count(t, ha.DB.Pool, `SELECT count(*) FROM agent_outbox WHERE status <> 'done'`) == 0
 	}, "every outbox row on the promoted standby is answered")
-	db.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		c, err := js.Consumer(ctx, batonnats.DefaultStream, batonnats.DefaultConsumer)
 		if err != nil {
 			return false
@@ -151,21 +150,21 @@ func TestFailoverToThePromotedStandbyAnswersEveryAcknowledgedMessageOnce(t *test
 	// Every acknowledged message is there, answered by exactly one
 	// finalized turn with its one reply, and nothing failed.
 	acked = append(acked, orphaned...)
-	require.Equal(t, len(acked), db.count(`SELECT count(*) FROM messages WHERE role = 'user' AND public_id = ANY($1)`, acked),
+	require.Equal(t, len(acked), testenv.Count(t, ha.DB.Pool, `SELECT count(*) FROM messages WHERE role = 'user' AND public_id = ANY($1)`, acked),
 		"every message whose commit was acknowledged survived the failover")
-	require.Equal(t, orphans, db.count(`
+	require.Equal(t, orphans, testenv.Count(t, ha.DB.Pool, `
 		SELECT count(*) FROM agent_outbox o JOIN messages m ON m.id = o.message_id
 		WHERE m.public_id = ANY($1) AND o.status = 'done'`, orphaned), "the messages the relay never published are answered")
-	require.Zero(t, db.count(`
+	require.Zero(t, testenv.Count(t, ha.DB.Pool, `
 		SELECT count(*) FROM (
 			SELECT o.id FROM agent_outbox o LEFT JOIN agent_runs r ON r.status = 'finalized' AND o.id = ANY(r.outbox_ids)
 			GROUP BY o.id HAVING count(r.id) <> 1) x`), "each message is answered by exactly one finalized turn")
-	require.Equal(t, db.count(`SELECT count(*) FROM agent_runs WHERE status = 'finalized'`),
-		db.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply per finalized turn")
-	require.Zero(t, db.count(`
+	require.Equal(t, testenv.Count(t, ha.DB.Pool, `SELECT count(*) FROM agent_runs WHERE status = 'finalized'`),
+		testenv.Count(t, ha.DB.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "one reply per finalized turn")
+	require.Zero(t, testenv.Count(t, ha.DB.Pool, `
 		SELECT count(*) FROM agent_runs r LEFT JOIN messages m ON m.id = r.reply_message_id
 		WHERE r.status = 'finalized' AND (m.id IS NULL OR m.role <> 'assistant')`), "every finalized turn has its reply")
-	require.Zero(t, db.count(`SELECT count(*) FROM messages WHERE role = 'error'`), "no turn failed")
+	require.Zero(t, testenv.Count(t, ha.DB.Pool, `SELECT count(*) FROM messages WHERE role = 'error'`), "no turn failed")
 
 	// The relay streams from the promoted standby, from a slot it made
 	// there.

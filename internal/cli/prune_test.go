@@ -54,11 +54,7 @@ func TestPruneDryRunPrintsWhatItWouldDeletePerTableAndDeletesNothing(t *testing.
 	_, js := nats.Connect(t)
 	_, _, err := batonnats.ProvisionStream(ctx, js, batonnats.StreamConfig{}.WithDefaults(), batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	count := func(table string) int {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
-		return n
-	}
+	count := func(table string) int { return testenv.Count(t, db.Pool, `SELECT count(*) FROM `+table) }
 	args := []string{"prune", "--database-url", db.URL, "--nats-url", nats.URL, "--outbox-retention", "1h", "--run-retention", "1h"}
 
 	out, stderr, code := run(t, append(args, "--dry-run")...)

@@ -62,8 +62,8 @@ func startOutbox(t *testing.T) *outbox {
 	// Streaming from its slot (held by a WAL sender, not by the backend
 	// creating it): every row committed from now on is announced once, and
 	// the stream is provisioned.
-	o.eventually(30*time.Second, func() bool {
-		return o.count(`
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return testenv.Count(t, o.db.Pool, `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.database = current_database()`) == 1
 	}, "the relay streams from its slot")
@@ -72,24 +72,6 @@ func startOutbox(t *testing.T) *outbox {
 
 func (o *outbox) args(args ...string) []string {
 	return append(args, "--database-url", o.db.URL, "--nats-url", o.nats.URL)
-}
-
-func (o *outbox) count(query string, args ...any) int {
-	o.t.Helper()
-	var n int
-	require.NoError(o.t, o.db.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
-}
-
-func (o *outbox) eventually(timeout time.Duration, cond func() bool, format string, args ...any) {
-	o.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			o.t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // send commits n user messages over 5 conversations and returns their
@@ -126,7 +108,7 @@ func (o *outbox) send(prefix string, n int) []int64 {
 func (o *outbox) streamHolds(seq uint64) time.Time {
 	o.t.Helper()
 	ctx := context.Background()
-	o.eventually(30*time.Second, func() bool {
+	testenv.Eventually(o.t, 30*time.Second, func() bool {
 		s, err := o.js.Stream(ctx, batonnats.DefaultStream)
 		if err != nil {
 			return false
@@ -212,7 +194,7 @@ func TestReplayAllOfAuditAfterItProcessedEverythingLeavesTheAuditTableUnchanged(
 	o.send("a", events)
 
 	stop := start(t, o.args("group", "run", "audit", "--lanes", "4")...)
-	o.eventually(60*time.Second, func() bool { return o.count(`SELECT count(*) FROM audit_events`) == events },
+	testenv.Eventually(t, 60*time.Second, func() bool { return testenv.Count(t, o.db.Pool, `SELECT count(*) FROM audit_events`) == events },
 		"baton group run audit appended all %d events", events)
 	code, stderr := stop()
 	require.Equal(t, 0, code, stderr)
@@ -235,7 +217,7 @@ func TestReplayAllOfAuditAfterItProcessedEverythingLeavesTheAuditTableUnchanged(
 	require.Contains(t, out, fmt.Sprintf("replay audit: %d/%d events (100.0%%)", events, events), "plain progress lines when not on a terminal")
 	requireDeliveredAgain(t, o.consumerInfo(group.AuditGroup), began, events)
 	require.Equal(t, before, o.auditLog(), "the audit table is unchanged: every replayed event was in the inbox")
-	require.Equal(t, events, o.count(`SELECT count(*) FROM group_inbox WHERE group_name = 'audit'`))
+	require.Equal(t, events, testenv.Count(t, o.db.Pool, `SELECT count(*) FROM group_inbox WHERE group_name = 'audit'`))
 }
 
 func TestReplayAtTimeBetweenBatchesAuditsOnlyTheLaterOneThenSinceOneHourAddsTheEarlier(t *testing.T) {
@@ -251,16 +233,16 @@ func TestReplayAtTimeBetweenBatchesAuditsOnlyTheLaterOneThenSinceOneHourAddsTheE
 	out, stderr, code := run(t, o.args("replay", "--group", "audit", "--at", at.Format(time.RFC3339Nano))...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, fmt.Sprintf("replayed group audit: %d events, stream sequences %d to %d", len(late), len(early)+1, len(early)+len(late)))
-	require.Equal(t, len(late), o.count(`SELECT count(*) FROM audit_events`))
-	require.Equal(t, len(late), o.count(`SELECT count(*) FROM audit_events WHERE outbox_id = ANY($1)`, late), "exactly the later batch is audited")
+	require.Equal(t, len(late), testenv.Count(t, o.db.Pool, `SELECT count(*) FROM audit_events`))
+	require.Equal(t, len(late), testenv.Count(t, o.db.Pool, `SELECT count(*) FROM audit_events WHERE outbox_id = ANY($1)`, late), "exactly the later batch is audited")
 
 	// Every event is younger than an hour: --since 1h covers both
 	// batches, and only the earlier one is new to the group.
 	out, stderr, code = run(t, o.args("replay", "--group", "audit", "--since", "1h")...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, fmt.Sprintf("replayed group audit: %d events, stream sequences 1 to %d", len(early)+len(late), len(early)+len(late)))
-	require.Equal(t, len(early)+len(late), o.count(`SELECT count(*) FROM audit_events`), "each event is audited exactly once")
-	require.Equal(t, len(early)+len(late), o.count(`SELECT count(DISTINCT outbox_id) FROM audit_events`))
+	require.Equal(t, len(early)+len(late), testenv.Count(t, o.db.Pool, `SELECT count(*) FROM audit_events`), "each event is audited exactly once")
+	require.Equal(t, len(early)+len(late), testenv.Count(t, o.db.Pool, `SELECT count(DISTINCT outbox_id) FROM audit_events`))
 }
 
 func TestReplayTurnsThroughTheRunningWorkerCreatesNoSecondReply(t *testing.T) {
@@ -282,15 +264,15 @@ func TestReplayTurnsThroughTheRunningWorkerCreatesNoSecondReply(t *testing.T) {
 
 	const messages = 40
 	o.send("turns", messages)
-	o.eventually(60*time.Second, func() bool {
-		return o.count(`SELECT count(*) FROM agent_outbox WHERE status = 'done'`) == messages
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return testenv.Count(t, o.db.Pool, `SELECT count(*) FROM agent_outbox WHERE status = 'done'`) == messages
 	}, "every message was answered")
-	o.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		ci := o.consumerInfo(batonnats.DefaultConsumer)
 		return ci.NumAckPending == 0 && ci.NumPending == 0
 	}, "every trigger is acked")
-	replies := o.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`)
-	runs := o.count(`SELECT count(*) FROM agent_runs`)
+	replies := testenv.Count(t, o.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`)
+	runs := testenv.Count(t, o.db.Pool, `SELECT count(*) FROM agent_runs`)
 	require.Positive(t, replies)
 	began := time.Now()
 
@@ -299,9 +281,9 @@ func TestReplayTurnsThroughTheRunningWorkerCreatesNoSecondReply(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, fmt.Sprintf("replayed group turns: %d events", messages))
 	requireDeliveredAgain(t, o.consumerInfo(batonnats.DefaultConsumer), began, messages)
-	require.Equal(t, replies, o.count(`SELECT count(*) FROM messages WHERE role = 'assistant'`), "no second reply")
-	require.Equal(t, runs, o.count(`SELECT count(*) FROM agent_runs`), "replayed triggers found no pending row and claimed nothing")
-	require.Zero(t, o.count(`SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' GROUP BY turn_id HAVING count(*) > 1) d`))
+	require.Equal(t, replies, testenv.Count(t, o.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`), "no second reply")
+	require.Equal(t, runs, testenv.Count(t, o.db.Pool, `SELECT count(*) FROM agent_runs`), "replayed triggers found no pending row and claimed nothing")
+	require.Zero(t, testenv.Count(t, o.db.Pool, `SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' GROUP BY turn_id HAVING count(*) > 1) d`))
 }
 
 func TestReplayAndGroupRunUsageErrorsNameTheFlag(t *testing.T) {

@@ -121,8 +121,8 @@ func (s *statusStack) startRelay() {
 	s.t.Helper()
 	s.stopRelay = start(s.t, s.args("relay", "--slot", s.slot, "--heartbeat", "100ms", "--status-interval", "100ms",
 		"--sweep-interval", "1h", "--sweep-age", "1h")...)
-	s.eventually(30*time.Second, func() bool {
-		return s.count(`
+	testenv.Eventually(s.t, 30*time.Second, func() bool {
+		return testenv.Count(s.t, s.db.Pool, `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.slot_name = $1`, s.slot) == 1
 	}, "baton relay streams from slot %s", s.slot)
@@ -165,7 +165,7 @@ func (s *statusStack) statusUntil(timeout time.Duration, flags []string, check f
 	s.t.Helper()
 	var rep statusReport
 	var code int
-	s.eventually(timeout, func() bool {
+	testenv.Eventually(s.t, timeout, func() bool {
 		before := time.Now()
 		rep, code = s.status(flags...)
 		if check != nil {
@@ -198,7 +198,7 @@ func TestStatusFlagsAConsumerThatStoppedAcknowledgingOnlyAfterStallAfterAndClear
 
 	stopAudit := start(t, s.args("group", "run", "audit")...)
 	s.send("first", 5)
-	s.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		c, err := s.js.Consumer(ctx, batonnats.DefaultStream, group.AuditGroup)
 		if err != nil {
 			return false // not created yet
@@ -251,7 +251,7 @@ func TestStatusFlagsAConsumerThatStoppedAcknowledgingOnlyAfterStallAfterAndClear
 	require.Empty(t, rep.Attention)
 	// Status is calm as soon as acknowledgements move again, which may be
 	// before the last of the ten is in.
-	s.eventually(30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return s.consumerInfo(group.AuditGroup).AckFloor.Stream == 10
 	}, "the audit group acknowledged all ten events")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/batonhq/baton/agent/agenttest"
 	"github.com/batonhq/baton/internal/bench"
 	"github.com/batonhq/baton/internal/proctest"
+	"github.com/batonhq/baton/internal/testenv"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -63,26 +64,6 @@ func (s *stopLoad) call(t testing.TB, method, path string, body any) {
 	require.Less(t, res.StatusCode, 300, "%s %s: %s", method, path, raw)
 }
 
-func (s *stopLoad) count(t testing.TB, query string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, s.db.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
-}
-
-// poll waits for a condition on the database, which has no signal to wait
-// on, checking it every 20 ms.
-func (s *stopLoad) poll(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s, still waiting: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // run stops n turns of conversations named prefix-i mid-reply, each once
 // through the API, and, with kill, kills the first worker right after the
 // last stop committed. It returns how long each stop took to commit its
@@ -98,7 +79,9 @@ func (s *stopLoad) run(t testing.TB, prefix string, n int, kill bool) []time.Dur
 		s.call(t, "POST", "/v1/conversations/"+convs[i]+"/messages", map[string]any{"id": convs[i] + "-m", "content": "write at length"})
 	}
 	const inTest = `FROM agent_outbox o JOIN conversations c ON c.id = o.conversation_id WHERE c.public_id LIKE $1 || '-%'`
-	s.poll(t, time.Minute, "every turn to run", func() bool { return s.count(t, `SELECT count(*) `+inTest+` AND o.status = 'processing'`, prefix) == n })
+	testenv.Eventually(t, time.Minute, func() bool {
+		return testenv.Count(t, s.db.Pool, `SELECT count(*) `+inTest+` AND o.status = 'processing'`, prefix) == n
+	}, "every turn to run")
 	chunks := s.model.Chunks()
 	s.model.WaitChunks(t, chunks+int64(5*n), time.Minute) // mid-reply, all of them
 
@@ -121,20 +104,20 @@ func (s *stopLoad) run(t testing.TB, prefix string, n int, kill bool) []time.Dur
 	if kill {
 		s.workers[0].Kill()
 	}
-	s.poll(t, 2*time.Minute, "every stopped turn to settle", func() bool {
-		return s.count(t, `SELECT count(*) `+inTest+` AND o.status <> 'done'`, prefix) == 0
-	})
+	testenv.Eventually(t, 2*time.Minute, func() bool {
+		return testenv.Count(t, s.db.Pool, `SELECT count(*) `+inTest+` AND o.status <> 'done'`, prefix) == 0
+	}, "every stopped turn to settle")
 
 	const runs = `FROM agent_runs r JOIN conversations c ON c.id = r.conversation_id WHERE c.public_id LIKE $1 || '-%'`
-	require.Equal(t, n, s.count(t, `SELECT count(*) `+runs, prefix), "one run each: none retried")
-	require.Equal(t, n, s.count(t, `SELECT count(*) `+runs+` AND r.status = 'finalized'
+	require.Equal(t, n, testenv.Count(t, s.db.Pool, `SELECT count(*) `+runs, prefix), "one run each: none retried")
+	require.Equal(t, n, testenv.Count(t, s.db.Pool, `SELECT count(*) `+runs+` AND r.status = 'finalized'
 		AND EXISTS (SELECT 1 FROM messages m WHERE m.id = r.reply_message_id AND m.stopped)`, prefix), "each run ended with its stopped reply")
 	const msgs = `FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.public_id LIKE $1 || '-%'`
-	require.Equal(t, n, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'assistant' AND m.stopped`, prefix), "each turn has its stopped reply")
-	require.Equal(t, n, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'assistant'`, prefix), "and no other reply")
-	require.Zero(t, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'error'`, prefix), "a stop is no failure")
+	require.Equal(t, n, testenv.Count(t, s.db.Pool, `SELECT count(*) `+msgs+` AND m.role = 'assistant' AND m.stopped`, prefix), "each turn has its stopped reply")
+	require.Equal(t, n, testenv.Count(t, s.db.Pool, `SELECT count(*) `+msgs+` AND m.role = 'assistant'`, prefix), "and no other reply")
+	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) `+msgs+` AND m.role = 'error'`, prefix), "a stop is no failure")
 	if !kill {
-		require.Zero(t, s.count(t, `SELECT count(*) `+msgs+` AND m.role = 'assistant' AND m.content = ''`, prefix), "a stopped reply keeps what it wrote")
+		require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) `+msgs+` AND m.role = 'assistant' AND m.content = ''`, prefix), "a stopped reply keeps what it wrote")
 	}
 	require.Equal(t, calls+n, s.model.Count(), "one model call each: nothing answered again")
 

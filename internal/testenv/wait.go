@@ -17,7 +17,7 @@ func WaitOrTimeout[T any](t testing.TB, ch <-chan T, timeout time.Duration, form
 	case v := <-ch:
 		return v
 	case <-timer.C:
-		t.Fatalf("after %s, still waiting: %s", timeout, fmt.Sprintf(format, args...))
+		stillWaiting(t, timeout, format, args...)
 		var zero T
 		return zero
 	}
@@ -67,8 +67,37 @@ func WaitFor(t testing.TB, s *Signal, timeout time.Duration, cond func() bool, f
 		select {
 		case <-changed:
 		case <-timer.C:
-			t.Fatalf("after %s, still waiting: %s", timeout, fmt.Sprintf(format, args...))
+			stillWaiting(t, timeout, format, args...)
 			return
 		}
 	}
+}
+
+// pollInterval is how long Eventually waits after a check before the
+// next one.
+const pollInterval = 10 * time.Millisecond
+
+// Eventually returns once cond holds, checking it at once and again 10ms
+// after each check, and fails t when timeout passes first. It is for
+// state that offers no signal to wait on (rows, a server's views, a
+// stream's state); where a hook can signal the change, WaitFor it instead.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for !cond() {
+		// The pause starts after the check, so a slow check (a query on a
+		// loaded server) is not run again at once.
+		select {
+		case <-time.After(pollInterval):
+		case <-timer.C:
+			stillWaiting(t, timeout, format, args...)
+			return
+		}
+	}
+}
+
+func stillWaiting(t testing.TB, timeout time.Duration, format string, args ...any) {
+	t.Helper()
+	t.Fatalf("after %s, still waiting: %s", timeout, fmt.Sprintf(format, args...))
 }
