@@ -184,9 +184,7 @@ func (b *Bundle) SendMany(n, conversations int, prefix string) []int64 {
 // Count runs a count query.
 func (b *Bundle) Count(query string, args ...any) int {
 	b.T.Helper()
-	var n int
-	require.NoError(b.T, b.DB.Pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
+	return testenv.Count(b.T, b.DB.Pool, query, args...)
 }
 
 // Eventually polls external state (database rows, stream and consumer
@@ -195,13 +193,7 @@ func (b *Bundle) Count(query string, args ...any) int {
 // (testenv.WaitFor).
 func (b *Bundle) Eventually(timeout time.Duration, cond func() bool, format string, args ...any) {
 	b.T.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.T.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(b.T, timeout, cond, format, args...)
 }
 
 // RelayStreaming waits until the relay holds its slot, so that every row
