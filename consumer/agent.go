@@ -8,8 +8,11 @@ package consumer
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,9 +36,17 @@ type Agent interface {
 // Turn is what an agent answers: exactly the claimed messages, with the
 // conversation's earlier messages as context.
 type Turn struct {
+	// ConversationID is the conversation's server key (c_...), unique
+	// across owners; never the id its owner chose.
 	ConversationID string
-	RunID          string
-	TurnID         string
+	// Owner is the user the conversation belongs to, as Baton names
+	// users (a token's user, or <issuer>|<subject> of a JWT).
+	Owner  string
+	RunID  string
+	TurnID string
+	// Epoch counts the user's explicit retries of the turn: an automatic
+	// retry or a re-claim keeps it, so it posts the same steps again.
+	Epoch int
 	// Attempt counts attempts at these messages, this one included.
 	Attempt int
 	// Messages are the user messages of the turn, in order.
@@ -67,6 +78,18 @@ type StepRequest struct {
 	// streams shows each piece; one that does not shows nothing, and its
 	// text is shown when the step returns.
 	Live StepLive
+}
+
+// Key is the step's identity: the same for every post of this step of
+// this turn (an automatic retry, a re-claim after a worker died), another
+// after a user's explicit retry. It is made of [A-Za-z0-9_] only, so any
+// agent can take it as a run id.
+func (r StepRequest) Key() string { return StepKey(r.Turn.TurnID, r.Turn.Epoch, r.Index) }
+
+// StepKey is the identity of step index of a turn at a retry epoch.
+func StepKey(turnID string, epoch, index int) string {
+	sum := sha256.Sum256([]byte(turnID + "\x00" + strconv.Itoa(epoch) + "\x00" + strconv.Itoa(index)))
+	return "step_" + hex.EncodeToString(sum[:16])
 }
 
 // ReplySoFar is the reply of the earlier steps: their texts, a paragraph
