@@ -329,8 +329,8 @@ func (s *mcpServer) compiledTool(name string, t *mcp.Tool, sum string, effect co
 // mcpIdempotencyKey is the key of one call: stable for the call (a turn
 // that resumes after an approval sends the one stored with it), different
 // for any other call and for every server.
-func mcpIdempotencyKey(server, runID, toolCallID string) string {
-	sum := sha256.Sum256([]byte(server + "\x00" + runID + "\x00" + toolCallID))
+func mcpIdempotencyKey(server, scope, toolCallID string) string {
+	sum := sha256.Sum256([]byte(server + "\x00" + scope + "\x00" + toolCallID))
 	return "mcp_" + hex.EncodeToString(sum[:16])
 }
 

@@ -22,16 +22,17 @@ import (
 )
 
 // A real `baton worker --agent openai` process dies (like SIGKILL) right
-// after its write tool completed; a fresh worker must fail the turn
-// visibly and never run the write again.
-func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *testing.T) {
+// after its write tool completed and was journaled; a fresh worker goes on
+// from the turn's journal: it asks the model for the next step, with the
+// write's journaled result, and never runs the write again.
+func TestAWorkerKilledAfterTheWriteToolGoesOnFromTheJournalWithoutRepeatingIt(t *testing.T) {
 	t.Parallel()
 	bin := testenv.BatonBinary(t)
 	s := newStack(t)
 	hook := newReceiver(t)
 	model := agenttest.NewServer(t,
 		agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "call_hook", Name: "webhook", Arguments: `{"payload":{"ticket":"printer on fire"}}`}}},
-		// Never asked for: the turn must not go on after the crash.
+		// Asked for once, by the worker that goes on after the crash.
 		agenttest.Response{Content: "Ticket opened."},
 	)
 
@@ -68,13 +69,14 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 	require.NoError(t, err)
 	a := newAgent(t, model, nil)
 	s.startWorker(a, reg, nil)
-	failed := s.await("conv-kill", batonnats.EventReplied, batonnats.EventFailed)
-	require.Equal(t, batonnats.EventFailed, failed.Type, "an attempt that completed a write is not re-run")
+	replied := s.await("conv-kill", batonnats.EventReplied, batonnats.EventFailed)
+	require.Equal(t, batonnats.EventReplied, replied.Type, "the turn goes on from its journal")
 
 	var content string
-	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1 AND role = $2`, failed.MessageID, schema.RoleError).Scan(&content))
-	require.Contains(t, content, `"webhook"`, "the error names the action that may have taken effect")
-	require.Len(t, model.Requests(), 1, "no model call after the crash")
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1 AND role = $2`, replied.MessageID, schema.RoleAssistant).Scan(&content))
+	require.Equal(t, "Ticket opened.", content)
+	require.Len(t, model.Requests(), 2, "the model is asked for the step after the write, not for the write again")
+	require.Contains(t, model.Requests()[1].ToolMessages(), "call_hook", "the next step reads the write's journaled result")
 	require.False(t, model.Requests()[0].Stream, "--model-streaming=false asks for whole answers")
 	var agentLines int
 	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
@@ -88,5 +90,7 @@ func TestAWorkerKilledAfterTheWriteToolFailsTheTurnVisiblyWithoutRepeatingIt(t *
 	require.Equal(t, deliveries, after, "the write was not sent again")
 	require.Equal(t, applied, appliedAfter)
 	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations WHERE tool = 'webhook' AND effect = 'write'`))
-	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'conv-kill' AND role = 'assistant'`))
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations o JOIN messages m ON m.id = o.message_id
+		WHERE o.tool = 'webhook' AND o.status = 'completed' AND m.role = 'assistant' AND m.conversation_id = 'conv-kill'`), "the reply carries the write")
+	require.Zero(t, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM messages WHERE conversation_id = 'conv-kill' AND role = 'error'`))
 }

@@ -137,11 +137,11 @@ func (c *compiled) DefinitionSHA256() string { return c.defSHA256 }
 
 // IdempotencyKey is the key of a call (consumer.KeyedTool): an MCP
 // server's own, so that no two servers ever get the same one.
-func (c *compiled) IdempotencyKey(runID, toolCallID string) string {
+func (c *compiled) IdempotencyKey(scope, toolCallID string) string {
 	if c.server != "" {
-		return mcpIdempotencyKey(c.server, runID, toolCallID)
+		return mcpIdempotencyKey(c.server, scope, toolCallID)
 	}
-	return consumer.IdempotencyKey(runID, toolCallID)
+	return consumer.IdempotencyKey(scope, toolCallID)
 }
 
 // Call runs the handler. A handler's error is marked as the tool's

@@ -273,7 +273,7 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 	require.Equal(t, op{"clock", "1", "read", "completed", "call_clock", ops[0].key, replied.RunID, replied.MessageID}, ops[0])
 	require.Equal(t, op{"open_ticket", "1", "write", "completed", "call_ticket", ops[1].key, replied.RunID, replied.MessageID}, ops[1])
 
-	key := consumer.IdempotencyKey(replied.RunID, "call_ticket")
+	key := consumer.IdempotencyKey(consumer.TurnScope(replied.TurnID, 0), "call_ticket")
 	require.Equal(t, key, ops[1].key)
 	deliveries, applied := hook.snapshot()
 	require.Equal(t, []string{key, key}, deliveries, "the retried delivery carries the same idempotency key")
@@ -326,7 +326,12 @@ func TestA401FailsTheTurnVisiblyNamingTheCause(t *testing.T) {
 	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_runs WHERE conversation_id = 'conv-401'`))
 }
 
-func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T) {
+// TestAnAttemptCutShortAfterItsWriteGoesOnFromTheJournal: the worker shuts
+// down while the model writes the answer after a completed write. The
+// turn goes back to pending, and the next worker goes on from its journal
+// of steps: it asks the model for the answer with the write's journaled
+// result, and never sends the write again.
+func TestAnAttemptCutShortAfterItsWriteGoesOnFromTheJournal(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	hook := newReceiver(t)
@@ -335,6 +340,7 @@ func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T
 		agenttest.Response{ToolCalls: []agenttest.ToolCall{{ID: "call_ticket", Name: "open_ticket", Arguments: `{"payload":"open it"}`}}},
 		// The worker goes away while the model writes the answer.
 		agenttest.Response{Hang: true},
+		agenttest.Response{Content: "Ticket opened."},
 	)
 	a := newAgent(t, model, nil)
 	stop := s.startWorker(a, reg, func(c *consumer.Config) { c.ShutdownTimeout = 100 * time.Millisecond })
@@ -345,21 +351,22 @@ func TestAnAttemptCutShortAfterItsWriteFailsVisiblyAndIsNotRepeated(t *testing.T
 	// The second model request means the write was journaled completed.
 	<-model.Arrived()
 	stop()
+	pending := s.await("conv-cut", batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending)
+	require.Equal(t, batonnats.EventPending, pending.Type, "an attempt whose write is journaled goes back to pending")
 
-	failed := s.await("conv-cut", batonnats.EventReplied, batonnats.EventFailed, batonnats.EventPending)
-	require.Equal(t, batonnats.EventFailed, failed.Type, "an attempt that completed a write must not go back to pending")
+	s.startWorker(a, reg, nil)
+	replied := s.await("conv-cut", batonnats.EventReplied, batonnats.EventFailed)
+	require.Equal(t, batonnats.EventReplied, replied.Type)
 	var content string
-	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1`, failed.MessageID).Scan(&content))
-	require.Contains(t, content, `"open_ticket"`)
-	require.Contains(t, content, "not repeated")
-	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations WHERE conversation_id = 'conv-cut' AND effect = 'write' AND status = 'completed' AND message_id = $1`, failed.MessageID))
-
-	// The rows are terminal: no worker will claim them again.
-	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM agent_outbox WHERE conversation_id = 'conv-cut' AND status = 'error'`))
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE id = $1`, replied.MessageID).Scan(&content))
+	require.Equal(t, "Ticket opened.", content)
+	require.Equal(t, 1, testenv.Count(t, s.db.Pool, `SELECT count(*) FROM operations WHERE conversation_id = 'conv-cut' AND effect = 'write' AND status = 'completed' AND message_id = $1`, replied.MessageID))
 	_, applied := hook.snapshot()
 	require.Len(t, applied, 1)
 	for _, n := range applied {
 		require.Equal(t, 1, n, "the write took effect once")
 	}
-	require.Len(t, model.Requests(), 2, "no further model call after the failure")
+	reqs := model.Requests()
+	require.Len(t, reqs, 3, "the model is asked for the answer again, never for the write")
+	require.Contains(t, reqs[2].ToolMessages(), "call_ticket", "with the write's journaled result")
 }

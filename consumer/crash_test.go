@@ -36,12 +36,13 @@ func TestParseCrash(t *testing.T) {
 	require.ErrorContains(t, err, PauseEnv+`="during_lunch": unknown pause point`)
 }
 
-// TestCrashPointsFinishOnceOrFailVisibly kills a real `baton worker`
-// process at each crash point during a turn that calls the side-effecting
-// notify tool, then lets a fresh worker take over: the turn completes once,
-// or, when the notify had run, fails visibly, and the side effect never
+// TestCrashPointsFinishOnceAndNeverRepeatAWrite kills a real `baton
+// worker` process at each crash point during a turn that calls the
+// side-effecting notify tool, then lets a fresh worker take over: the turn
+// completes once, and when the notify had completed, the turn goes on from
+// its journal of steps, showing the notify's journaled result, which never
 // happens twice.
-func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
+func TestCrashPointsFinishOnceAndNeverRepeatAWrite(t *testing.T) {
 	t.Parallel()
 	bin := testenv.BatonBinary(t)
 	cases := []struct {
@@ -51,8 +52,8 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 		{CrashBeforeClaim, "replied"},
 		{CrashAfterClaim, "replied"},
 		{CrashDuringModel, "replied"},
-		{CrashAfterTool, "error"},
-		{CrashBeforeFinalize, "error"},
+		{CrashAfterTool, "resumed"},
+		{CrashBeforeFinalize, "resumed"},
 		{CrashAfterFinalizeBeforeAck, "replied"},
 	}
 	for _, tc := range cases {
@@ -100,18 +101,18 @@ func TestCrashPointsFinishOnceOrFailVisibly(t *testing.T) {
 
 			replies := b.Count(`SELECT count(*) FROM messages WHERE role = 'assistant'`)
 			errs := b.Count(`SELECT count(*) FROM messages WHERE role = 'error'`)
-			switch tc.outcome {
-			case "replied":
-				require.Equal(t, 1, replies, "the turn completes once")
-				require.Zero(t, errs)
-				require.Equal(t, "done", b.statusOf("m1"))
-			case "error":
-				require.Zero(t, replies, "a turn interrupted after a completed notify is not re-run")
-				require.Equal(t, 1, errs, "it fails visibly")
-				require.Equal(t, "error", b.statusOf("m1"))
-				var content string
-				require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'error'`).Scan(&content))
-				require.Contains(t, content, `"notify"`, "the error names the action that may have taken effect")
+			require.Equal(t, 1, replies, "the turn completes once")
+			require.Zero(t, errs)
+			require.Equal(t, "done", b.statusOf("m1"))
+			var content string
+			require.NoError(t, b.DB.Pool.QueryRow(context.Background(), `SELECT content FROM messages WHERE role = 'assistant'`).Scan(&content))
+			require.Equal(t, "[notify: notified]\necho: please", content)
+			runs := b.Count(`SELECT count(*) FROM agent_runs`)
+			if tc.outcome == "resumed" {
+				require.Equal(t, 2, runs, "the second run goes on from the first's journal")
+				require.Equal(t, 1, b.Count(`SELECT count(*) FROM agent_steps`), "the step with the notify is journaled once")
+				require.Equal(t, 1, b.Count(`SELECT count(*) FROM operations o JOIN messages m ON m.id = o.message_id
+					WHERE o.tool = 'notify' AND o.status = 'completed' AND m.role = 'assistant'`), "the reply carries the first run's notify")
 			}
 			require.Equal(t, 1, b.Count(`SELECT count(*) FROM tool_side_effects`), "the side effect happened exactly once")
 			require.Zero(t, b.Count(`SELECT count(*) FROM (SELECT operation_id FROM tool_side_effects GROUP BY operation_id HAVING count(*) > 1) d`),

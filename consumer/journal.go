@@ -18,16 +18,23 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// journal is the ToolExecutor of one run: every call is an operations row,
-// started (in a transaction fenced by the run's lease,
-// schema.StartOperationTx) before the tool runs and completed or failed
-// after, so recovery knows whether an interrupted attempt may have had a
-// side effect.
+// journal is the ToolExecutor of one run, and the journal of its turn's
+// steps: each step that asks for tools is journaled (schema.RecordStepTx)
+// before its calls are sent, and every call is an operations row of the
+// turn, started (in a transaction fenced by the run's lease,
+// schema.StartOperationTx) before the tool runs and completed, failed or
+// unknown after, so that a re-claim goes on from the first step without
+// an answer and recovery knows whether an interrupted attempt may have had
+// a side effect.
 type journal struct {
 	pool           *pgxpool.Pool
 	tools          Tools
 	conversationID string
 	runID          string
+	turnID         string
+	epoch          int
+	// step is the step whose calls run now.
+	step int
 	crash          *crasher
 	metrics        *metrics
 	// live shows each call to live clients: its input once journaled as
@@ -147,7 +154,7 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 		return "", ErrNeedsApproval
 	}
 	inv := Invocation{
-		IdempotencyKey: idempotencyKey(tool, j.runID, call.ID),
+		IdempotencyKey: idempotencyKey(tool, TurnScope(j.turnID, j.epoch), call.ID),
 		ConversationID: j.conversationID,
 		RunID:          j.runID,
 		Arguments:      args,
@@ -174,6 +181,9 @@ func (j *journal) start(ctx context.Context, call ToolCall, tool Tool, inv *Invo
 		inv.OperationID, _, err = schema.StartOperationHashedTx(ctx, tx, schema.Operation{
 			RunID:            j.runID,
 			ConversationID:   j.conversationID,
+			TurnID:           j.turnID,
+			Epoch:            j.epoch,
+			Step:             j.step,
 			ToolCallID:       call.ID,
 			Tool:             tool.Name(),
 			ToolVersion:      tool.Version(),
@@ -207,7 +217,14 @@ func (j *journal) run(ctx context.Context, call ToolCall, tool Tool, inv Invocat
 	// completed write must show as completed to recovery.
 	finishCtx := context.WithoutCancel(ctx)
 	if callErr != nil {
-		if err := schema.FailOperation(finishCtx, j.pool, inv.OperationID, callErr.Error()); err != nil {
+		record := schema.FailOperation
+		var unknown *OutcomeUnknownError
+		if errors.As(callErr, &unknown) {
+			// Sent, and no answer: for a write, it may have taken effect,
+			// and the journal must never send it again.
+			record = schema.UnknownOperation
+		}
+		if err := record(finishCtx, j.pool, inv.OperationID, callErr.Error()); err != nil {
 			return "", err
 		}
 		j.metrics.operations.WithLabelValues(call.Tool, "failed").Inc()
@@ -309,11 +326,14 @@ func (j *journal) parkRequest() *schema.ApprovalRequest {
 		Operation: schema.Operation{
 			RunID:            j.runID,
 			ConversationID:   j.conversationID,
+			TurnID:           j.turnID,
+			Epoch:            j.epoch,
+			Step:             j.step,
 			ToolCallID:       p.call.ID,
 			Tool:             p.tool.Name(),
 			ToolVersion:      p.tool.Version(),
 			Effect:           p.tool.Effect(),
-			IdempotencyKey:   idempotencyKey(p.tool, j.runID, p.call.ID),
+			IdempotencyKey:   idempotencyKey(p.tool, TurnScope(j.turnID, j.epoch), p.call.ID),
 			Arguments:        string(p.args),
 			DefinitionSHA256: definitionSHA256(p.tool),
 		},
@@ -325,4 +345,33 @@ type pendingCall struct {
 	call ToolCall
 	tool Tool
 	args json.RawMessage
+}
+
+// recordStep journals a step that asks for tools, before any of its calls
+// is sent (see stepJournal).
+func (j *journal) recordStep(ctx context.Context, index int, step Step) error {
+	j.step = index
+	step.Results = nil
+	answer, err := json.Marshal(step)
+	if err != nil {
+		return fmt.Errorf("journal step %d: %w", index, err)
+	}
+	err = schema.RecordStep(ctx, j.pool, schema.StepParams{ConversationID: j.conversationID, RunID: j.runID,
+		TurnID: j.turnID, Epoch: j.epoch, Step: index, Answer: answer})
+	if errors.Is(err, schema.ErrStepJournaled) {
+		// This run journaled it already; its calls go on.
+		return nil
+	}
+	return err
+}
+
+// atStep says which journaled step's calls run now.
+func (j *journal) atStep(index int) { j.step = index }
+
+// wroteBefore records that an earlier run of the turn wrote: the turn can
+// no longer be superseded.
+func (j *journal) wroteBefore() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.wrote = true
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/rs/zerolog"
+
+	"github.com/batonhq/baton/schema"
 )
 
 // DefaultMaxToolIterations caps the steps of a turn that ask for tools.
@@ -112,6 +114,9 @@ type loop struct {
 	// resume is the approval the turn resumes from, until its call was
 	// answered.
 	resume *Resume
+	// journaled are the turn's steps an earlier run journaled: the loop
+	// goes on after them.
+	journaled []schema.StepRecord
 
 	// steps are the turn's completed steps; ids the tool call IDs given
 	// to the executor so far.
@@ -154,7 +159,14 @@ func (l *loop) run(ctx context.Context) (Reply, error) {
 }
 
 func (l *loop) runSteps(ctx context.Context) (Reply, error) {
-	if l.resume != nil {
+	switch {
+	case len(l.journaled) > 0:
+		if err := l.replay(ctx); err != nil {
+			return Reply{}, err
+		}
+	case l.resume != nil:
+		// An approval asked before the journal of steps: the state the
+		// turn kept.
 		step, err := l.restore()
 		if err != nil {
 			return Reply{}, err
@@ -188,6 +200,13 @@ func (l *loop) runSteps(ctx context.Context) (Reply, error) {
 			return Reply{}, &stepBudgetError{max: l.maxTools}
 		}
 		step.Calls, step.Results = l.identify(index, step.Calls), nil
+		if j, ok := l.exec.(stepJournal); ok {
+			// Journaled before any of its calls is sent: a re-claim goes
+			// on from here instead of asking the agent again.
+			if err := j.recordStep(ctx, index, step); err != nil {
+				return Reply{}, err
+			}
+		}
 		if err := l.finish(ctx, step); err != nil {
 			return Reply{}, err
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/batonhq/baton/schema"
 )
@@ -64,12 +65,13 @@ type DefinedTool interface {
 }
 
 // KeyedTool is a Tool that derives the idempotency key of its calls
-// itself, for example with the name of the server that receives it. The
-// journal stores the key it returns, and an approved call is sent with the
-// key stored when approval was asked.
+// itself, for example with the name of the server that receives it, from
+// the turn's scope (TurnScope) and the call's ID. The journal stores the
+// key it returns, and an approved call is sent with the key stored when
+// approval was asked.
 type KeyedTool interface {
 	Tool
-	IdempotencyKey(runID, toolCallID string) string
+	IdempotencyKey(scope, toolCallID string) string
 }
 
 // ToolSource lists the tools of a turn when it starts, such as the tools
@@ -136,11 +138,21 @@ func (ts Tools) Register(tools ...Tool) Tools {
 	return ts
 }
 
-// IdempotencyKey of a tool call: stable for one call of one run, different
-// for any other, so the system a write tool changes can refuse a repeat.
-func IdempotencyKey(runID, toolCallID string) string {
-	sum := sha256.Sum256([]byte(runID + "\x00" + toolCallID))
+// IdempotencyKey of a tool call in a turn's scope (TurnScope): stable for
+// one call of the turn, whichever run makes it, different for any other,
+// so the system a write tool changes can refuse a repeat.
+func IdempotencyKey(scope, toolCallID string) string {
+	sum := sha256.Sum256([]byte(scope + "\x00" + toolCallID))
 	return "op_" + hex.EncodeToString(sum[:16])
+}
+
+// TurnScope is the scope of a turn's tool calls at a retry epoch: their
+// idempotency keys derive from it.
+func TurnScope(turnID string, epoch int) string {
+	if epoch == 0 {
+		return turnID
+	}
+	return turnID + "#" + strconv.Itoa(epoch)
 }
 
 // ErrUnknownTool is returned for a call of a tool that is not registered.
@@ -185,9 +197,9 @@ func definitionSHA256(t Tool) string {
 	return ""
 }
 
-func idempotencyKey(t Tool, runID, toolCallID string) string {
+func idempotencyKey(t Tool, scope, toolCallID string) string {
 	if k, ok := t.(KeyedTool); ok {
-		return k.IdempotencyKey(runID, toolCallID)
+		return k.IdempotencyKey(scope, toolCallID)
 	}
-	return IdempotencyKey(runID, toolCallID)
+	return IdempotencyKey(scope, toolCallID)
 }

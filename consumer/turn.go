@@ -130,7 +130,8 @@ func (t *turn) start() (stopWatching, release func()) {
 		cancel(fmt.Errorf("%w of %s", ErrTurnTimeout, w.cfg.TurnTimeout))
 	})
 	t.live = newLiveRun(w.cfg.Live, c.ConversationID, c.RunID, t.log)
-	t.journal = &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: c.ConversationID, runID: c.RunID, crash: w.crash, metrics: w.metrics,
+	t.journal = &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: c.ConversationID, runID: c.RunID,
+		turnID: c.TurnID, epoch: c.Epoch, crash: w.crash, metrics: w.metrics,
 		live: t.live, cancel: cancel, log: t.log, resume: c.Resume}
 	untrack := w.track(c.ConversationID, c.RunID, t.live, t.journal.stop)
 	stopRenewal := t.renewLease()
@@ -167,13 +168,22 @@ func (t *turn) answer() (Reply, error) {
 		}
 		t.journal.tools = tools
 	}
+	var journaled []schema.StepRecord
+	if c.Journaled {
+		var err error
+		if journaled, err = schema.LoadSteps(t.ctx, w.cfg.Pool, c.ConversationID, c.TurnID, c.Epoch); err != nil {
+			return Reply{}, err
+		}
+	}
 	w.crash.at(CrashDuringModel)
 	ctx, span := telemetry.Tracer().Start(t.ctx, "agent")
 	defer span.End()
 	l := newLoop(w.cfg.Agent, &Turn{
 		ConversationID: c.ConversationID,
+		Owner:          c.Owner,
 		RunID:          c.RunID,
 		TurnID:         c.TurnID,
+		Epoch:          c.Epoch,
 		Attempt:        c.Attempts,
 		Messages:       t.input.Messages,
 		History:        t.input.History,
@@ -181,7 +191,7 @@ func (t *turn) answer() (Reply, error) {
 			return schema.LoadHistoryBefore(ctx, w.cfg.Pool, c.ConversationID, beforeSeq, limit)
 		}),
 	}, tools, t.journal, t.live, w.cfg.MaxToolIterations, t.log)
-	l.resume = resumeOf(c.Resume)
+	l.resume, l.journaled = resumeOf(c.Resume), journaled
 	return l.run(ctx)
 }
 

@@ -106,11 +106,12 @@ func RequestApprovalTx(ctx context.Context, tx Executor, p ApprovalRequest) (Req
 	op := p.Operation
 	err = tx.QueryRow(ctx, fmt.Sprintf(`
 		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key,
-			arguments, arguments_sha256, definition_sha256, status)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, $9, 'awaiting_approval')
+			arguments, arguments_sha256, definition_sha256, status, turn_id, epoch, step)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, $9, 'awaiting_approval', nullif($10, ''),
+			CASE WHEN $10 = '' THEN NULL ELSE $11::integer END, CASE WHEN $10 = '' THEN NULL ELSE $12::integer END)
 		RETURNING id, arguments_sha256`, "$8"),
 		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey,
-		op.Arguments, op.DefinitionSHA256).Scan(&out.OperationID, &out.ArgumentsSHA256)
+		op.Arguments, op.DefinitionSHA256, op.TurnID, op.Epoch, op.Step).Scan(&out.OperationID, &out.ArgumentsSHA256)
 	if IsUniqueViolation(err) {
 		return out, fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
 	}
@@ -230,10 +231,10 @@ func expireTx(ctx context.Context, tx Executor, approvalID, operationID int64) e
 // conversation's row lock, which every change of its rows takes, so what
 // the check reads is what the update changes.
 func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationID string, ids []int64, turnID string) (bool, error) {
-	var pending, generation int
+	var pending, generation, epoch int
 	if err := tx.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE status = 'pending'), coalesce(max(generation), 0)
-		FROM agent_outbox WHERE conversation_id = $1 AND id = ANY($2)`, conversationID, ids).Scan(&pending, &generation); err != nil {
+		SELECT count(*) FILTER (WHERE status = 'pending'), coalesce(max(generation), 0), coalesce(max(epoch), 0)
+		FROM agent_outbox WHERE conversation_id = $1 AND id = ANY($2)`, conversationID, ids).Scan(&pending, &generation, &epoch); err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)
 	}
 	if pending != len(ids) || TurnIDOf(ids, generation) != turnID {
@@ -267,7 +268,12 @@ func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationI
 	if len(c.OutboxIDs) != len(ids) {
 		return false, fmt.Errorf("claim: resume rows: %d of the %d rows of the stopped turn changed under the conversation's lock", len(c.OutboxIDs), len(ids))
 	}
-	c.Generation = generation
+	// The turn that stopped at the approval goes on from its journal.
+	c.Generation, c.Epoch, c.Journaled = generation, epoch, true
+	if err := tx.QueryRow(ctx, `
+		SELECT u.name FROM conversations c JOIN users u ON u.id = c.owner_id WHERE c.id = $1`, conversationID).Scan(&c.Owner); err != nil {
+		return false, fmt.Errorf("claim: resume rows: read the owner: %w", err)
+	}
 	if err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending')`, conversationID).Scan(&c.More); err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)

@@ -124,6 +124,15 @@ type Claim struct {
 	// the newest reply to them was regenerated. It is part of the turn's
 	// identity.
 	Generation int
+	// Epoch is the highest retry epoch among the rows: how many times a
+	// user retried them after they failed. The turn's journaled steps are
+	// those of its epoch (see LoadSteps).
+	Epoch int
+	// Owner is the name of the user the conversation belongs to.
+	Owner string
+	// Journaled is set when the turn has steps in its journal (see
+	// LoadSteps): it goes on from them.
+	Journaled bool
 	// FirstCreatedAt is when the oldest row of the turn was inserted.
 	FirstCreatedAt time.Time
 	LeaseExpiresAt time.Time
@@ -206,7 +215,8 @@ WITH req AS (
 conv AS (
 	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
 		CASE WHEN c.run_id IS NULL OR c.lease_expires_at <= now() THEN false ELSE baton_run_session_gone(c.run_id) END AS gone,
-		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id,
+		(SELECT u.name FROM users u WHERE u.id = c.owner_id) AS owner_name
 	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
 free AS (
 	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
@@ -215,23 +225,28 @@ turn AS (
 	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
 		SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM agent_outbox o
 		WHERE o.conversation_id = f.conversation_id AND o.status = 'pending'
+			-- A turn with journaled steps is claimed alone, with exactly its
+			-- rows, and goes on from its journal.
+			AND o.steps_turn_id IS NOT DISTINCT FROM (SELECT p.steps_turn_id FROM agent_outbox p
+				WHERE p.conversation_id = f.conversation_id AND p.status = 'pending' ORDER BY p.id LIMIT 1)
 		ORDER BY o.id
 		LIMIT CASE WHEN f.max_rows < 0 THEN NULL ELSE f.max_rows + 1 END) t),
 claimed AS (
 	UPDATE agent_outbox o SET status = 'processing', attempts = o.attempts + 1, run_id = t.run_id
 	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
-	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation),
+	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation, o.epoch, o.steps_turn_id),
 agg AS (
 	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
 		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
 		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id)
 			|| CASE WHEN max(generation) > 0 THEN '#' || max(generation) ELSE '' END, 'UTF8')), 'hex'), 32) AS turn_id,
-		max(attempts) AS attempts, max(generation) AS generation, min(created_at) AS first_created_at
+		max(attempts) AS attempts, max(generation) AS generation, max(epoch) AS epoch, bool_or(steps_turn_id IS NOT NULL) AS journaled,
+		min(created_at) AS first_created_at
 	FROM claimed GROUP BY conversation_id),` + leaseRunSQL + `
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id),
 	conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false), coalesce(conv.gone, false),
 	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
-	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.first_created_at, run.lease_expires_at,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
@@ -285,6 +300,9 @@ type claimRow struct {
 	traceParents             []string
 	turnID                   *string
 	attempts, generation     *int
+	epoch                    *int
+	journaled                bool
+	ownerName                *string
 	firstCreated, leaseUntil *time.Time
 	pending                  int64
 	messages, history        []byte
@@ -338,7 +356,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 		var ord int64
 		var r claimRow
 		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.gone, &r.notBefore, &r.waiting, &r.approvalID,
-			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.firstCreated, &r.leaseUntil,
+			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
 			&r.pending, &r.messages, &r.history); err != nil {
 			return nil, err
 		}
@@ -368,7 +386,11 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 	if len(r.ids) == 0 {
 		return c, in, nil
 	}
-	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation = r.ids, *r.turnID, *r.attempts, *r.generation
+	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation, c.Epoch = r.ids, *r.turnID, *r.attempts, *r.generation, *r.epoch
+	c.Journaled = r.journaled
+	if r.ownerName != nil {
+		c.Owner = *r.ownerName
+	}
 	for _, tp := range r.traceParents {
 		if tp != "" {
 			c.TraceParents = append(c.TraceParents, tp)

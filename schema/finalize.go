@@ -79,7 +79,8 @@ held AS (
 newer AS (
 	SELECT r.run_id, r.supersede_if_newer AND NOT r.stopped
 		AND EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = r.conversation_id AND o.status = 'pending')
-		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.run_id = r.run_id AND p.effect = 'write') AS found
+		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.effect = 'write'
+			AND (p.run_id = r.run_id OR (p.conversation_id = r.conversation_id AND p.turn_id = r.turn_id))) AS found
 	FROM req r),
 fence AS (
 	SELECT r.* FROM req r
@@ -106,7 +107,8 @@ conv AS (
 ops AS (
 	UPDATE operations p SET message_id = reply.id, ` + notSentSQL + `
 	FROM reply JOIN req ON req.run_id = reply.run_id
-	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `))
+	WHERE p.message_id IS NULL AND (p.run_id = reply.run_id OR p.run_id IN (` + stoppedRunsSQL + `)
+		OR (p.conversation_id = req.conversation_id AND p.turn_id = req.turn_id))
 	RETURNING reply.run_id),
 run AS (
 	UPDATE agent_runs a SET status = 'finalized', reply_message_id = reply.id, finished_at = clock_timestamp()
@@ -331,7 +333,7 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 	var writes []string
 	if err := tx.QueryRow(ctx, `
 		SELECT (SELECT COALESCE(max(attempts), 0) FROM agent_outbox WHERE id = ANY($1)),
-			COALESCE((SELECT array_agg(tool ORDER BY id) FROM operations WHERE run_id = $2 AND effect = 'write'), '{}')`,
+			COALESCE((SELECT array_agg(o.tool ORDER BY o.id) FROM operations o WHERE o.run_id = $2 AND `+blockingWriteSQL+`), '{}')`,
 		f.OutboxIDs, f.RunID).Scan(&out.Attempts, &writes); err != nil {
 		return out, fmt.Errorf("fail attempt: read attempts: %w", err)
 	}
@@ -379,7 +381,10 @@ func FailAttemptTx(ctx context.Context, tx Executor, f Failure) (FailOutcome, er
 	if err := releaseTx(ctx, tx, f.ConversationID, f.RunID, f.OutboxIDs, "error", true); err != nil {
 		return out, err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE operations SET message_id = $1 WHERE run_id = $2 AND message_id IS NULL`, out.ErrorMessageID, f.RunID); err != nil {
+	if _, err := tx.Exec(ctx, `
+		UPDATE operations SET message_id = $1
+		WHERE message_id IS NULL AND (run_id = $2 OR (conversation_id = $3 AND turn_id = $4))`,
+		out.ErrorMessageID, f.RunID, f.ConversationID, f.TurnID); err != nil {
 		return out, fmt.Errorf("fail attempt: attach operations: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `

@@ -21,7 +21,14 @@ const (
 type Operation struct {
 	RunID          string
 	ConversationID string
-	// ToolCallID is unique within the run (a model's tool call ID).
+	// TurnID, Epoch and Step place the call in its turn's journal of steps
+	// (see RecordStepTx): the turn's operations, whichever run started
+	// them. An empty TurnID places it in its run alone.
+	TurnID string
+	Epoch  int
+	Step   int
+	// ToolCallID is unique within the turn (a model's tool call ID, made
+	// unique by the turn runner).
 	ToolCallID     string
 	Tool           string
 	ToolVersion    string
@@ -52,6 +59,11 @@ func StartOperationTx(ctx context.Context, tx Executor, op Operation) (int64, er
 
 // StartOperationHashedTx is StartOperationTx that also returns the SHA-256
 // of the arguments as the journal keeps them (see RequestApprovalTx).
+//
+// A read of the turn that an earlier run started and never finished (its
+// worker died) is taken over by this run and started again: reads are
+// safe to repeat. Any other call of the turn already journaled is
+// ErrDuplicateToolCall: a write that started is never started twice.
 func StartOperationHashedTx(ctx context.Context, tx Executor, op Operation) (int64, string, error) {
 	var owned bool
 	err := tx.QueryRow(ctx, `SELECT true FROM conversations WHERE id = $1 AND run_id = $2 FOR SHARE`, op.ConversationID, op.RunID).Scan(&owned)
@@ -65,12 +77,16 @@ func StartOperationHashedTx(ctx context.Context, tx Executor, op Operation) (int
 	var sum string
 	err = tx.QueryRow(ctx, fmt.Sprintf(`
 		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key, arguments,
-			arguments_sha256, definition_sha256)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, nullif($9, ''))
+			arguments_sha256, definition_sha256, turn_id, epoch, step)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, nullif($9, ''), nullif($10, ''),
+			CASE WHEN $10 = '' THEN NULL ELSE $11::integer END, CASE WHEN $10 = '' THEN NULL ELSE $12::integer END)
+		ON CONFLICT (conversation_id, turn_id, epoch, tool_call_id) WHERE turn_id IS NOT NULL DO UPDATE
+		SET run_id = EXCLUDED.run_id, started_at = now()
+		WHERE operations.status = 'started' AND operations.effect = 'read' AND EXCLUDED.effect = 'read'
 		RETURNING id, arguments_sha256`, "$8"),
 		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey, op.Arguments,
-		op.DefinitionSHA256).Scan(&id, &sum)
-	if IsUniqueViolation(err) {
+		op.DefinitionSHA256, op.TurnID, op.Epoch, op.Step).Scan(&id, &sum)
+	if IsUniqueViolation(err) || errors.Is(err, pgx.ErrNoRows) {
 		return 0, "", fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
 	}
 	return id, sum, err
@@ -82,6 +98,17 @@ func CompleteOperation(ctx context.Context, db Executor, id int64, result string
 	if _, err := db.Exec(ctx, `
 		UPDATE operations SET status = 'completed', result = $2, finished_at = now() WHERE id = $1`, id, result); err != nil {
 		return fmt.Errorf("journal completed operation %d: %w", id, err)
+	}
+	return nil
+}
+
+// UnknownOperation journals a started operation whose outcome is unknown:
+// it was sent and no answer came back. A write in that state may have
+// taken effect: it is never sent again, and its turn fails visibly.
+func UnknownOperation(ctx context.Context, db Executor, id int64, cause string) error {
+	if _, err := db.Exec(ctx, `
+		UPDATE operations SET status = 'unknown', error = $2, finished_at = now() WHERE id = $1`, id, cause); err != nil {
+		return fmt.Errorf("journal operation %d with its outcome unknown: %w", id, err)
 	}
 	return nil
 }

@@ -113,11 +113,14 @@ const (
 // recoverRunTx applies the reference's recovery rule to a run that owns the
 // conversation, whose row the caller has locked:
 //
-//   - no operation, or only reads: rows back to pending, to be announced
-//     again (reads are safe to repeat);
-//   - a write operation that started, completed or not: the attempt failed
-//     and says so in the conversation; repeating it could repeat the side
-//     effect, and a started write may have happened;
+//   - no operation, only reads, or writes whose outcome is journaled:
+//     rows back to pending, to be announced again; the next claim goes on
+//     from the turn's journal of steps (reads are safe to repeat, and a
+//     journaled write is never sent again);
+//   - a write whose outcome is unknown (started, no answer journaled), or
+//     any write of a run from before the journal: the attempt failed and
+//     says so in the conversation; sending it again could repeat the side
+//     effect, which may have happened;
 //   - rows already at the attempt cap: they fail too, or a turn that kills
 //     its worker every time would loop forever.
 //
@@ -132,7 +135,7 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 	var generation int
 	err := tx.QueryRow(ctx, `
 		SELECT r.turn_id, r.outbox_ids,
-			COALESCE((SELECT array_agg(o.tool ORDER BY o.id) FROM operations o WHERE o.run_id = r.id AND o.effect = 'write'), '{}'),
+			COALESCE((SELECT array_agg(o.tool ORDER BY o.id) FROM operations o WHERE o.run_id = r.id AND `+blockingWriteSQL+`), '{}'),
 			EXISTS (SELECT 1 FROM conversations c WHERE c.id = $2 AND c.stop_run_id = r.id),
 			(SELECT COALESCE(max(o.generation), 0) FROM agent_outbox o WHERE o.id = ANY(r.outbox_ids))
 		FROM agent_runs r WHERE r.id = $1`, runID, conversationID).Scan(&r.TurnID, &outboxIDs, &writes, &stop, &generation)

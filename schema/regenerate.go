@@ -143,7 +143,7 @@ func RegenerateTx(ctx context.Context, tx Executor, g Regenerate) (Regenerated, 
 		WITH back AS (
 			UPDATE agent_outbox
 			SET status = 'pending', attempts = 0, processed_at = NULL, run_id = NULL, stopped_at = NULL,
-				announced_at = now(), generation = generation + 1
+				announced_at = now(), generation = generation + 1, steps_turn_id = NULL
 			WHERE id = ANY($1)
 			RETURNING generation)
 		SELECT max(generation) FROM back`, out.OutboxIDs).Scan(&out.Generation); err != nil {

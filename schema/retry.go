@@ -46,7 +46,9 @@ type RetryResult struct {
 }
 
 // RetryFailedTx puts the failed outbox rows of ownerID's conversation back
-// to pending with a fresh attempt budget, at the user's request. The
+// to pending with a fresh attempt budget, at the user's request, in a new
+// retry epoch: the turn's steps start over, and an agent gets step
+// identities it has not seen (see consumer.StepKey). The
 // visible error messages stay: nothing about the failure is deleted. The
 // caller announces the rows in the same transaction (AnnounceTx).
 //
@@ -77,7 +79,7 @@ func RetryFailedTx(ctx context.Context, tx Executor, ownerID int64, conversation
 	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox
-		SET status = 'pending', attempts = 0, processed_at = NULL, run_id = NULL, announced_at = now()
+		SET status = 'pending', attempts = 0, processed_at = NULL, run_id = NULL, announced_at = now(), epoch = epoch + 1, steps_turn_id = NULL
 		WHERE conversation_id = $1 AND status = 'error'
 		RETURNING id`, res.ConversationKey)
 	if err != nil {

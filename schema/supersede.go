@@ -21,7 +21,8 @@ import (
 func SupersedeTx(ctx context.Context, tx Executor, conversationID, runID string, outboxIDs []int64, onlyIfNewer bool) (bool, error) {
 	var ok, stop bool
 	err := tx.QueryRow(ctx, `
-		SELECT NOT EXISTS (SELECT 1 FROM operations WHERE run_id = $2 AND effect = 'write')
+		SELECT NOT EXISTS (SELECT 1 FROM operations o WHERE o.effect = 'write' AND (o.run_id = $2
+				OR (o.conversation_id = $1 AND o.turn_id = (SELECT turn_id FROM agent_runs WHERE id = $2))))
 			AND (NOT $3 OR EXISTS (SELECT 1 FROM agent_outbox WHERE conversation_id = $1 AND status = 'pending')),
 			coalesce(stop_run_id = run_id, false)
 		FROM conversations WHERE id = $1 AND run_id = $2 FOR NO KEY UPDATE`, conversationID, runID, onlyIfNewer).Scan(&ok, &stop)
@@ -41,7 +42,7 @@ func SupersedeTx(ctx context.Context, tx Executor, conversationID, runID string,
 		return false, fmt.Errorf("supersede: release conversation: %w", err)
 	}
 	tag, err := tx.Exec(ctx, `
-		UPDATE agent_outbox SET status = 'pending', attempts = greatest(attempts - 1, 0), run_id = NULL
+		UPDATE agent_outbox SET status = 'pending', attempts = greatest(attempts - 1, 0), run_id = NULL, steps_turn_id = NULL
 		WHERE id = ANY($1) AND run_id = $2 AND status = 'processing'`, outboxIDs, runID)
 	if err != nil {
 		return false, fmt.Errorf("supersede: rows back to pending: %w", err)
