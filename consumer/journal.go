@@ -34,9 +34,9 @@ type journal struct {
 	turnID         string
 	epoch          int
 	// step is the step whose calls run now.
-	step int
-	crash          *crasher
-	metrics        *metrics
+	step    int
+	crash   *crasher
+	metrics *metrics
 	// live shows each call to live clients: its input once journaled as
 	// started, then its output or that it failed.
 	live *liveRun
