@@ -106,6 +106,11 @@ type Config struct {
 	// browsers send them, no wildcard) whose pages may call every /v1
 	// route from the browser. Defaults to none: no cross-origin access.
 	CORSOrigins []string
+	// AgentKeys are the public keys of the worker's step tokens, which
+	// external agents verify; the API serves them as a JWKS at
+	// GET /.well-known/jwks.json, without a token. Defaults to none: the
+	// route answers 404.
+	AgentKeys *jwtauth.PublicKeys
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -243,6 +248,7 @@ func (s *Server) routes() {
 	s.handle("GET /readyz", s.readyz)
 	s.handle("GET /app.js", s.asset("text/javascript; charset=utf-8", appJS))
 	s.handle("GET /app.css", s.asset("text/css; charset=utf-8", appCSS))
+	s.handle("GET /.well-known/jwks.json", s.agentKeys)
 	// Metrics are not served here: they say how busy the service is and
 	// which routes fail, which is for operators, not for anyone who can
 	// reach the API. `baton api --metrics-addr` serves them apart.

@@ -11,6 +11,12 @@
 // the set be fetched again, at most once per MinRefetch; while the provider
 // cannot be reached, the keys already fetched keep working and every other
 // key is refused.
+//
+// It also signs the tokens Baton sends: each step request the worker posts
+// to an external agent carries a short-lived JWT signed with an Ed25519
+// key (SigningKey), whose public half the API serves as a JWKS
+// (PublicKeys), so that the agent can verify that the call comes from
+// Baton and for whom.
 package jwtauth
 
 import (

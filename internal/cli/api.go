@@ -26,6 +26,7 @@ type httpOptions struct {
 	limitFlags      `embed:""`
 	jwtFlags        `embed:""`
 	CORSOrigins     []string `name:"cors-origins" env:"BATON_CORS_ORIGINS" sep:"," setting:"CORSOrigins" placeholder:"ORIGIN" help:"Origins whose pages may call the API from the browser, exactly (https://app.example), comma-separated; no wildcard. Default: none, no cross-origin access."`
+	AgentPublicKeys []string `name:"agent-public-key" env:"BATON_AGENT_PUBLIC_KEY" sep:"," type:"path" placeholder:"FILE" help:"An Ed25519 public key (PEM) of the worker's --agent-signing-key, served to external agents as a JWKS at /.well-known/jwks.json so that they can verify its requests; repeatable for a rotation (the variable separates files with ','). A private key file gives its public half. Default: none, the route answers 404 (baton dev serves the key it keeps under --dir besides)."`
 }
 
 // limitFlags are the HTTP edge's limits, shared by `baton api` and `baton
@@ -104,6 +105,9 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if cfg.AgentKeys, err = agentPublicKeys(c.AgentPublicKeys); err != nil {
+		return err
+	}
 	defer startTracing(ctx, "api", log)()
 	pool, err := openServicePool(ctx, c.Database, 0, log)
 	if err != nil {
@@ -127,6 +131,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	logSignIn(ctx, srv, c.CORSOrigins, log)
+	logAgentKeys(cfg.AgentKeys, log)
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {

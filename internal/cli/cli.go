@@ -58,6 +58,7 @@ type root struct {
 
 	Migrate    migrateCmd    `cmd:"" help:"Apply database migrations (or show their status)."`
 	Token      tokenCmd      `cmd:"" help:"Manage API tokens."`
+	AgentKey   agentKeyCmd   `cmd:"" name:"agent-key" help:"Manage the key pair that signs the worker's requests to external agents."`
 	API        apiCmd        `cmd:"" name:"api" help:"Serve the HTTP API."`
 	Relay      relayCmd      `cmd:"" help:"Relay outbox inserts from PostgreSQL logical replication to NATS JetStream."`
 	Worker     workerCmd     `cmd:"" help:"Run agent turns from the outbox stream."`

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/user"
@@ -26,6 +27,7 @@ import (
 	"github.com/batonhq/baton/internal/config"
 	"github.com/batonhq/baton/internal/natsconn"
 	"github.com/batonhq/baton/internal/pgcluster"
+	"github.com/batonhq/baton/jwtauth"
 	"github.com/batonhq/baton/migrations"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/relay"
@@ -40,7 +42,7 @@ type devCmd struct {
 	config.Stream
 	config.Replication
 	httpOptions
-	Dir      string `name:"dir" env:"BATON_DEV_DIR" help:"Folder for the local PostgreSQL cluster, the NATS store and the dev token." default:".baton" type:"path"`
+	Dir      string `name:"dir" env:"BATON_DEV_DIR" help:"Folder for the local PostgreSQL cluster, the NATS store, the dev token and the agent key pair." default:".baton" type:"path"`
 	PGPort   int    `name:"pg-port" env:"BATON_DEV_PG_PORT" help:"Port of the local PostgreSQL cluster." default:"54329"`
 	NATSPort int    `name:"nats-port" env:"BATON_DEV_NATS_PORT" help:"Port of the embedded NATS server." default:"4222"`
 	User     string `name:"user" env:"BATON_DEV_USER" help:"User whose token is printed." default:"dev"`
@@ -66,6 +68,14 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	log := env.Log.With().Str("component", "dev").Logger()
 	defer startTracing(ctx, "dev", log)()
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return err
+	}
+	agentKey, err := c.devAgentKey(log)
+	if err != nil {
+		return err
+	}
+	agentKeys, err := agentPublicKeys(append([]string{agentKey.path}, c.AgentPublicKeys...))
+	if err != nil {
 		return err
 	}
 
@@ -150,11 +160,13 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	apiCfg.AgentKeys = agentKeys
 	srv, err := api.New(apiCfg)
 	if err != nil {
 		return err
 	}
 	logSignIn(ctx, srv, c.CORSOrigins, apiLog)
+	logAgentKeys(agentKeys, apiLog)
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, reg, log)
 		if err != nil {
@@ -185,8 +197,8 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(env.Stdout, "\nBaton is running (echo agent).\n  open:     %s/#token=%s\n  API:      %s\n  token:    %s   (also in %s)\n  database: %s\n  NATS:     %s\n  In another terminal, `source %s` and baton status, baton token create and the rest use them.\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
-		base, token, base, token, filepath.Join(c.Dir, "dev-token"), dbShown, natsShown, envFile)
+	fmt.Fprintf(env.Stdout, "\nBaton is running (echo agent).\n  open:     %s/#token=%s\n  API:      %s\n  token:    %s   (also in %s)\n  database: %s\n  NATS:     %s\n  agent key: %s   (%s; agents verify with %s/.well-known/jwks.json)\n  In another terminal, `source %s` and baton status, baton token create and the rest use them.\nPress Ctrl-C to stop (a second Ctrl-C stops at once).\n\n",
+		base, token, base, token, filepath.Join(c.Dir, "dev-token"), dbShown, natsShown, agentKey.id, agentKey.path, base, envFile)
 	err = g.Wait()
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		log.Info().Msg("shutting down")
@@ -256,6 +268,38 @@ func (c *devCmd) startPostgres(ctx context.Context, log zerolog.Logger) (*pgclus
 	}
 	return cl, nil
 }
+
+// devAgentKeyFiles is the dev agent key: its private key's file and its
+// key id.
+type devAgentKeyFiles struct{ path, id string }
+
+// devAgentKey is the key pair under --dir whose private key a dev worker
+// signs its requests to external agents with, and whose public key the
+// API serves: made the first time, kept across restarts so that an agent
+// keeps trusting it.
+func (c *devCmd) devAgentKey(log zerolog.Logger) (devAgentKeyFiles, error) {
+	priv, pub := filepath.Join(c.Dir, devAgentSigningKey), filepath.Join(c.Dir, devAgentPublicKey)
+	if _, err := os.Stat(priv); errors.Is(err, fs.ErrNotExist) {
+		// A public key left without its private key is stale: replaced.
+		key, err := jwtauth.CreateKeyPair(priv, pub, true)
+		if err != nil {
+			return devAgentKeyFiles{}, err
+		}
+		log.Info().Str("key_id", key.KeyID()).Str("private_key", priv).Str("public_key", pub).Msg("agent signing key created")
+		return devAgentKeyFiles{path: priv, id: key.KeyID()}, nil
+	}
+	key, err := jwtauth.LoadSigningKey(priv)
+	if err != nil {
+		return devAgentKeyFiles{}, fmt.Errorf("the dev agent signing key: %w (or delete it, and baton dev makes a new one)", err)
+	}
+	return devAgentKeyFiles{path: priv, id: key.KeyID()}, nil
+}
+
+// The files of the dev agent key pair, under --dir.
+const (
+	devAgentSigningKey = "agent-signing-key.pem"
+	devAgentPublicKey  = "agent-public-key.pem"
+)
 
 // devToken reuses the token kept under --dir while it is still valid, so
 // that a restart keeps the same link working; otherwise it creates one.

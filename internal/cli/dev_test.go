@@ -19,6 +19,7 @@ import (
 	"github.com/batonhq/baton/internal/cli"
 	"github.com/batonhq/baton/internal/pgcluster"
 	"github.com/batonhq/baton/internal/testenv"
+	"github.com/batonhq/baton/jwtauth"
 )
 
 func freePort(t *testing.T) int {
@@ -98,6 +99,9 @@ func TestDevRunsTheWholePathStopsCleanlyAndKeepsDataAcrossARestart(t *testing.T)
 	require.NoError(t, err)
 	token := strings.TrimSpace(string(tokenBytes))
 	require.Contains(t, stdout.String(), base+"/#token="+token, "the printed link carries the token")
+	agentKey := requireDevAgentKey(t, dir, base)
+	require.Contains(t, stdout.String(), "agent key: "+agentKey, "baton dev prints the agent key's id")
+	requireNoKey(t, privateKeySecrets(t, filepath.Join(dir, "agent-signing-key.pem")), stdout.String())
 
 	code, _ := call(t, "POST", base+"/v1/conversations", token, `{"id":"dev"}`)
 	require.Equal(t, http.StatusCreated, code)
@@ -123,10 +127,38 @@ func TestDevRunsTheWholePathStopsCleanlyAndKeepsDataAcrossARestart(t *testing.T)
 		t.Fatal("the local PostgreSQL still accepts connections after baton dev stopped")
 	}
 
-	// Started again: same token, same data.
+	// Started again: same token, same data, same agent key.
 	base, _, stop = startDev(t, dir, httpPort, pgPort, natsPort)
 	waitReply(base)
+	require.Equal(t, agentKey, requireDevAgentKey(t, dir, base), "the agent key is kept across a restart")
 	require.NoError(t, stop())
+}
+
+// requireDevAgentKey checks that baton dev keeps its agent key pair under
+// dir, the private key its owner's only, and serves the public key at
+// /.well-known/jwks.json; it returns the key id.
+func requireDevAgentKey(t *testing.T, dir, base string) string {
+	t.Helper()
+	priv := filepath.Join(dir, "agent-signing-key.pem")
+	fi, err := os.Stat(priv)
+	require.NoError(t, err, "baton dev makes an agent signing key")
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	key, err := jwtauth.LoadSigningKey(priv)
+	require.NoError(t, err)
+	keys, err := jwtauth.LoadPublicKeys(filepath.Join(dir, "agent-public-key.pem"))
+	require.NoError(t, err)
+	require.Equal(t, []string{key.KeyID()}, keys.KeyIDs(), "the public key file is the private key's")
+	resp, err := http.Get(base + "/.well-known/jwks.json")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var jwks struct {
+		Keys []struct{ Kid string } `json:"keys"`
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&jwks))
+	require.Len(t, jwks.Keys, 1)
+	require.Equal(t, key.KeyID(), jwks.Keys[0].Kid)
+	return key.KeyID()
 }
 
 func TestDevOnABusyPortNamesTheFlag(t *testing.T) {

@@ -2,11 +2,14 @@ package securetest
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net/url"
 	"os"
@@ -33,12 +36,14 @@ import (
 // percent-encoded and JSON-escaped.
 //
 // The secrets: a NATS password in the URL, a .creds file (its JWT and
-// seed) for a server in operator mode, an nkey seed, and the password of
-// a PostgreSQL role that the server checks (scram-sha-256, over TLS).
-// With each NATS login, relay, worker and api run a turn through the API,
-// then status, status --json and replay --dry-run run. The failing runs
-// use a wrong NATS password, a wrong database password and a NATS server
-// that is not there.
+// seed) for a server in operator mode, an nkey seed, the password of a
+// PostgreSQL role that the server checks (scram-sha-256, over TLS), and
+// the private key that signs requests to agents (made by `baton agent-key
+// create`, given to the API, which serves its public half). With each
+// NATS login, relay, worker and api run a turn through the API, then
+// status, status --json and replay --dry-run run. The failing runs use a
+// wrong NATS password, a wrong database password, a NATS server that is
+// not there and an agent key that every user may read.
 func TestNoSecretReachesAnyOutput(t *testing.T) {
 	t.Parallel()
 	step := timeline(t)
@@ -75,6 +80,13 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 	ps := newProcesses(t)
 	step("the binary is ready")
 
+	keyDir := t.TempDir()
+	agentKey := filepath.Join(keyDir, "agent-signing-key.pem")
+	create, code := ps.run(t, "agent-key create", 30*time.Second, nil,
+		"agent-key", "create", "--private-key", agentKey, "--public-key", filepath.Join(keyDir, "agent-public-key.pem"))
+	require.Zero(t, code, "baton agent-key create failed:\n%s", create.Tail(10))
+	signIn = append(signIn, "BATON_AGENT_PUBLIC_KEY="+agentKey)
+
 	secrets := []secret{
 		{Name: "NATS password", Value: natsPassword},
 		{Name: "database password", Value: dbPassword},
@@ -85,6 +97,7 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		{Name: "HS256 secret", Value: hs256Secret},
 		{Name: "modulus of the issuer's public key", Value: issuerKeyModulus(t, issuerKey)},
 	}
+	secrets = append(secrets, agentKeySecrets(t, agentKey)...)
 	for i, tok := range jwts {
 		secrets = append(secrets,
 			secret{Name: fmt.Sprintf("JWT %d", i), Value: tok},
@@ -172,6 +185,11 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		down.Publish(issuerKey)
 		down.SetMode(oidctest.Down)
 		downSignIn := append([]string{"BATON_JWT_ISSUER=" + down.Issuer}, signIn[1:]...)
+		openKey := filepath.Join(t.TempDir(), "open.pem")
+		b, err := os.ReadFile(agentKey)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(openKey, b, 0o644))
+		require.NoError(t, os.Chmod(openKey, 0o644))
 		for _, run := range []struct {
 			name string
 			env  []string
@@ -198,6 +216,8 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 			{"status, HS256 secret too short", append([]string{db, goodNATS}, badSignIn...), []string{"status"}, 2, []string{"--jwt-hs256-secret-file", "must be at least 32 bytes"}},
 			{"api, the issuer's keys down", append([]string{db, goodNATS, "BATON_HTTP_ADDR=127.0.0.1:0"}, downSignIn...), []string{"api"}, -1, []string{"cannot fetch the JWT issuer's keys", "503 Service Unavailable"}},
 			{"status, the issuer's keys down", append([]string{db, goodNATS}, downSignIn...), []string{"status", "--json"}, 3, []string{"JWT sign-in: the keys of issuer"}},
+			{"api, agent key open to every user", []string{db, goodNATS, "BATON_AGENT_PUBLIC_KEY=" + openKey}, []string{"api"}, 2, []string{"--agent-public-key", "chmod 600"}},
+			{"agent-key create over the key", nil, []string{"agent-key", "create", "--private-key", agentKey, "--public-key", openKey}, 1, []string{"exists already", "--force"}},
 		} {
 			t.Run(run.name, func(t *testing.T) {
 				t.Parallel()
@@ -228,6 +248,26 @@ func TestNoSecretReachesAnyOutput(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// agentKeySecrets are the forms in which the Ed25519 private key in path
+// could be written: its seed in base64, base64url and hex, and the body of
+// its PEM file.
+func agentKeySecrets(t *testing.T, path string) []secret {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	block, _ := pem.Decode(b)
+	require.NotNil(t, block, "%s is PEM", path)
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	require.NoError(t, err)
+	seed := key.(ed25519.PrivateKey).Seed()
+	return []secret{
+		{Name: "agent key's seed, base64", Value: base64.StdEncoding.EncodeToString(seed)},
+		{Name: "agent key's seed, base64url", Value: base64.RawURLEncoding.EncodeToString(seed)},
+		{Name: "agent key's seed, hex", Value: hex.EncodeToString(seed)},
+		{Name: "agent key's PEM body", Value: base64.StdEncoding.EncodeToString(block.Bytes)},
+	}
 }
 
 // randomText returns 16 random hexadecimal digits: no secret of one run
