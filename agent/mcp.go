@@ -68,7 +68,8 @@ type MCPServer struct {
 	Trusted bool
 }
 
-// MCPConfig configures the MCP servers of a worker.
+// MCPConfig configures the MCP servers of a worker. It holds settings
+// only: the database comes to NewMCP.
 type MCPConfig struct {
 	// Servers are the MCP servers. Defaults to none.
 	Servers []MCPServer
@@ -98,9 +99,6 @@ type MCPConfig struct {
 	// link-local addresses, by URL or by redirect (--mcp-allow-private).
 	// Defaults to false: such a request is refused before it is sent.
 	AllowPrivate bool
-	// DB records listings and definitions, and reads the accepted ones
-	// (mcp_tools, mcp_servers). Required when Servers are given.
-	DB schema.Executor
 	// Logger receives the operator's log lines. Defaults to none.
 	Logger *zerolog.Logger
 	// Registerer receives the MCP metrics. Defaults to none.
@@ -190,7 +188,10 @@ func (c MCPConfig) Validate() error {
 // consumer.ToolSource. Each server has one session per worker, opened on
 // first use and again after it broke.
 type MCP struct {
-	cfg     MCPConfig
+	cfg MCPConfig
+	// db records listings and definitions, and reads the accepted ones
+	// (mcp_tools, mcp_servers).
+	db      schema.Executor
 	log     zerolog.Logger
 	metrics *mcpMetrics
 	servers []*mcpServer
@@ -198,19 +199,21 @@ type MCP struct {
 
 var _ consumer.ToolSource = (*MCP)(nil)
 
-// NewMCP checks the configuration and reads the token files. It connects
-// to nothing: the first turn does.
-func NewMCP(cfg MCPConfig) (*MCP, error) {
+// NewMCP checks the configuration and reads the token files. db records
+// the servers' listings and the accepted tool definitions (mcp_tools,
+// mcp_servers); it is required when Servers are given. NewMCP connects to
+// nothing: the first turn does.
+func NewMCP(cfg MCPConfig, db schema.Executor) (*MCP, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if len(cfg.Servers) > 0 && cfg.DB == nil {
-		return nil, errors.New("agent: MCPConfig.DB is required: the workers agree on accepted tool definitions through the database")
+	if len(cfg.Servers) > 0 && db == nil {
+		return nil, errors.New("agent: the database is nil: give NewMCP a pool, since the workers agree on accepted tool definitions through the database")
 	}
 	// The caller's logger names the component (the worker's says
 	// component=mcp).
-	m := &MCP{cfg: cfg, log: *cfg.Logger, metrics: newMCPMetrics(cfg.Registerer)}
+	m := &MCP{cfg: cfg, db: db, log: *cfg.Logger, metrics: newMCPMetrics(cfg.Registerer)}
 	for _, s := range cfg.Servers {
 		if s.CallTimeout == 0 {
 			s.CallTimeout = cfg.CallTimeout

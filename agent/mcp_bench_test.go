@@ -77,8 +77,8 @@ func BenchmarkMCPCallOverhead(b *testing.B) {
 	b.Cleanup(func() { _ = direct.Close() })
 
 	s := newStack(b)
-	cfg := agent.MCPConfig{Servers: []agent.MCPServer{{Name: "b", URL: hs.URL}}, DB: s.db.Pool, AllowPrivate: true}
-	m, err := agent.NewMCP(cfg)
+	cfg := agent.MCPConfig{Servers: []agent.MCPServer{{Name: "b", URL: hs.URL}}, AllowPrivate: true}
+	m, err := agent.NewMCP(cfg, s.db.Pool)
 	if err != nil {
 		b.Fatal(err)
 	}

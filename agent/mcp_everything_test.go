@@ -107,13 +107,12 @@ func (s *stack) startMCPWorker(model *agenttest.Server, m *agent.MCP, change fun
 
 func newMCP(t *testing.T, s *stack, cfg agent.MCPConfig) *agent.MCP {
 	t.Helper()
-	cfg.DB = s.db.Pool
 	if cfg.Logger == nil {
 		l := zerolog.New(zerolog.NewTestWriter(t))
 		cfg.Logger = &l
 	}
 	cfg.AllowPrivate = true
-	m, err := agent.NewMCP(cfg)
+	m, err := agent.NewMCP(cfg, s.db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	return m

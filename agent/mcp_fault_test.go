@@ -487,8 +487,8 @@ func TestAToolIsAReadOnlyWhenItsServerIsTrustedAndSaysSoAndOverridesWin(t *testi
 			{Name: "untrusted", URL: f.endpoint()},
 		},
 		ToolEffects:  map[string]consumer.Effect{"trusted__count": consumer.EffectRead, "untrusted__peek": consumer.EffectRead, "trusted__hang": consumer.EffectWrite},
-		AllowPrivate: true, DB: db.Pool,
-	})
+		AllowPrivate: true,
+	}, db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	tools, err := m.TurnTools(context.Background())
@@ -502,7 +502,7 @@ func TestAToolIsAReadOnlyWhenItsServerIsTrustedAndSaysSoAndOverridesWin(t *testi
 	require.Equal(t, consumer.EffectWrite, effect("trusted__oops"), "a tool without the hint is a write, trusted or not")
 	require.Equal(t, consumer.EffectRead, effect("trusted__count"), "an override wins")
 	require.Equal(t, consumer.EffectRead, effect("untrusted__peek"), "an override wins over the lack of trust")
-	m2, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "plain", URL: f.endpoint()}}, AllowPrivate: true, DB: db.Pool})
+	m2, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "plain", URL: f.endpoint()}}, AllowPrivate: true}, db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m2.Close() })
 	tools, err = m2.TurnTools(context.Background())

@@ -146,7 +146,7 @@ func (s *mcpServer) turnTools(ctx context.Context) ([]*compiled, error) {
 		if first {
 			s.log.Warn().Err(err).Str("server", describeMCPServer(s.spec)).
 				Msg("MCP server unavailable when a turn started; its tools are not offered until it answers")
-			if rerr := schema.RecordMCPServer(context.WithoutCancel(ctx), s.m.cfg.DB, s.spec.Name, err.Error()); rerr != nil {
+			if rerr := schema.RecordMCPServer(context.WithoutCancel(ctx), s.m.db, s.spec.Name, err.Error()); rerr != nil {
 				return nil, rerr
 			}
 		}
@@ -164,7 +164,7 @@ func (s *mcpServer) turnTools(ctx context.Context) ([]*compiled, error) {
 		s.log.Info().Msg("MCP server answers again; its tools are offered")
 	}
 	if touch {
-		if err := schema.RecordMCPServer(ctx, s.m.cfg.DB, s.spec.Name, ""); err != nil {
+		if err := schema.RecordMCPServer(ctx, s.m.db, s.spec.Name, ""); err != nil {
 			return nil, err
 		}
 	}
@@ -192,7 +192,7 @@ func (s *mcpServer) turnTools(ctx context.Context) ([]*compiled, error) {
 		entries = append(entries, e)
 		listing = append(listing, schema.MCPListedTool{Tool: t.Name, SHA256: e.sum, Definition: raw, Effect: e.eff})
 	}
-	states, err := schema.RecordMCPListing(ctx, s.m.cfg.DB, s.spec.Name, listing)
+	states, err := schema.RecordMCPListing(ctx, s.m.db, s.spec.Name, listing)
 	if err != nil {
 		return nil, err
 	}

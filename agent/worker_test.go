@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/agent"
@@ -61,7 +60,7 @@ func newStack(t testing.TB) *stack {
 		Slot:          slot,
 		SweepInterval: time.Hour,
 		SweepAge:      time.Hour,
-	}, s.db.Pool, s.nc, zerolog.Nop())
+	}, s.db.Pool, s.nc)
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -93,8 +92,6 @@ func newStack(t testing.TB) *stack {
 func (s *stack) startWorker(a consumer.Agent, reg *agent.Registry, change func(*consumer.Config)) (stop func()) {
 	s.t.Helper()
 	cfg := consumer.Config{
-		Pool:                s.db.Pool,
-		JetStream:           s.js,
 		Stream:              s.stream,
 		Agent:               a,
 		Tools:               reg.Tools(),
@@ -109,7 +106,7 @@ func (s *stack) startWorker(a consumer.Agent, reg *agent.Registry, change func(*
 	if change != nil {
 		change(&cfg)
 	}
-	w, err := consumer.New(cfg)
+	w, err := consumer.New(cfg, s.db.Pool, s.js)
 	require.NoError(s.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

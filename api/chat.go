@@ -416,10 +416,10 @@ func (s *Server) stopConversation(w http.ResponseWriter, r *http.Request) {
 	if s.failed(w, r, cid, err) {
 		return
 	}
-	if st.RunID != "" && s.cfg.NATS != nil {
+	if st.RunID != "" && s.nc != nil {
 		// A notice lost is a stop that takes effect at the run's next
 		// lease renewal instead.
-		if err := s.cfg.NATS.Publish(batonnats.StopSubject(st.ConversationKey, st.RunID), nil); err != nil {
+		if err := s.nc.Publish(batonnats.StopSubject(st.ConversationKey, st.RunID), nil); err != nil {
 			s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
 		}
 	}

@@ -222,7 +222,7 @@ func (c *chatStream) apply(ctx context.Context, d batonnats.LiveDelta) {
 // snapshot asks the worker that runs the followed run for the reply so
 // far, at most once every snapshotEvery, and shows it.
 func (c *chatStream) snapshot(ctx context.Context) {
-	nc := c.s.cfg.NATS
+	nc := c.s.nc
 	if nc == nil || c.run == "" || time.Since(c.lastSnapshot) < snapshotEvery {
 		return
 	}

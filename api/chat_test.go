@@ -87,16 +87,16 @@ func startChatStack(t *testing.T) *chatStack {
 	a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), Model: "test"})
 	require.NoError(t, err)
 	mail := agenttest.NewMCPServer(t)
-	mcp, err := agent.NewMCP(agent.MCPConfig{DB: db.Pool, Servers: []agent.MCPServer{{Name: "mail", URL: mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true})
+	mcp, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "mail", URL: mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true}, db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mcp.Close() })
 	done := make(chan error, 1)
 	go func() {
-		done <- cli.RunStack(ctx, cli.StackConfig{Pool: db.Pool, NATS: nc,
+		done <- cli.RunStack(ctx, cli.StackConfig{
 			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
 			Worker: consumer.Config{Agent: a, Tools: reg.Tools(), ToolSource: mcp, MaxAttempts: 2, Lease: 5 * time.Second,
 				Debounce: 50 * time.Millisecond},
-		})
+		}, db.Pool, nc)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -107,8 +107,8 @@ func startChatStack(t *testing.T) *chatStack {
 	bob, _, err := schema.CreateToken(ctx, db.Pool, "bob")
 	require.NoError(t, err)
 	serve := func() *httptest.Server {
-		srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, MaxStreamsPerUser: 64,
-			MessagesPerMinute: 100000, MessageBurst: 10000, MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MaxChatMessages: 50})
+		srv, err := api.New(api.Config{MaxStreamsPerUser: 64,
+			MessagesPerMinute: 100000, MessageBurst: 10000, MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MaxChatMessages: 50}, db.Pool, js)
 		require.NoError(t, err)
 		hs := httptest.NewServer(srv)
 		t.Cleanup(hs.Close)

@@ -41,7 +41,7 @@ func TestCORSLetsTheListedOriginAndNoOtherCallTheAPIFromABrowser(t *testing.T) {
 	db := testenv.Database(t)
 	token, _, err := schema.CreateToken(t.Context(), db.Pool, "alice")
 	require.NoError(t, err)
-	s, err := api.New(api.Config{Pool: db.Pool, CORSOrigins: []string{"https://app.example"}})
+	s, err := api.New(api.Config{CORSOrigins: []string{"https://app.example"}}, db.Pool, nil)
 	require.NoError(t, err)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
@@ -78,7 +78,7 @@ func TestCORSLetsTheListedOriginAndNoOtherCallTheAPIFromABrowser(t *testing.T) {
 	resp = corsRequest(t, srv, "GET", "/", "https://app.example", nil)
 	require.Empty(t, resp.Header.Get("Access-Control-Allow-Origin"), "the web page is not part of CORS")
 
-	off, err := api.New(api.Config{Pool: db.Pool})
+	off, err := api.New(api.Config{}, db.Pool, nil)
 	require.NoError(t, err)
 	offSrv := httptest.NewServer(off)
 	t.Cleanup(offSrv.Close)

@@ -99,7 +99,7 @@ func (s *Server) conversationEvents(w http.ResponseWriter, r *http.Request) {
 // eventsLive checks that the process follows the events stream, and
 // answers 503 when it does not.
 func (s *Server) eventsLive(w http.ResponseWriter) bool {
-	if s.cfg.JetStream == nil {
+	if s.js == nil {
 		writeError(w, http.StatusServiceUnavailable, "no_live_events", "live events need NATS: start the API with --nats-url / BATON_NATS_URL")
 		return false
 	}

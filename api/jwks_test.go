@@ -32,7 +32,7 @@ func TestTheAgentKeysAreServedWithoutATokenAndVerifyTheWorkersTokens(t *testing.
 	require.NoError(t, err)
 	keys, err := jwtauth.LoadPublicKeys(filepath.Join(dir, "old.pub"), filepath.Join(dir, "new.pub"))
 	require.NoError(t, err)
-	s, err := api.New(api.Config{Pool: db.Pool, AgentKeys: keys})
+	s, err := api.New(api.Config{AgentKeys: keys}, db.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)
@@ -71,7 +71,7 @@ func TestTheAgentKeysAreServedWithoutATokenAndVerifyTheWorkersTokens(t *testing.
 	post.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, post.StatusCode)
 
-	none, err := api.New(api.Config{Pool: db.Pool})
+	none, err := api.New(api.Config{}, db.Pool, nil)
 	require.NoError(t, err)
 	hs2 := httptest.NewServer(none)
 	t.Cleanup(hs2.Close)

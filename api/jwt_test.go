@@ -289,8 +289,8 @@ func TestAJWTUserHasEveryQuotaOfAUser(t *testing.T) {
 	t.Parallel()
 	db := testenv.Database(t)
 	secret := []byte(strings.Repeat("q", 32))
-	srv, err := api.New(api.Config{Pool: db.Pool, MessageBurst: 1, MessagesPerMinute: 1, Quotas: api.Quotas{MaxConversations: 1},
-		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}})
+	srv, err := api.New(api.Config{MessageBurst: 1, MessagesPerMinute: 1, Quotas: api.Quotas{MaxConversations: 1},
+		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}}, db.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
@@ -320,12 +320,12 @@ func TestAJWTEventStreamOutlivesItsRechecksAndEndsAtItsExpiry(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
+	_, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	secret := []byte(strings.Repeat("e", 32))
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond,
-		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}})
+	srv, err := api.New(api.Config{StreamRecheck: 100 * time.Millisecond,
+		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: hs256Issuer, Audience: jwtAudience}}, db.Pool, js)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -28,24 +29,22 @@ import (
 
 // setupEdge serves the API with the http.Server that `baton api` runs
 // (api.Server.HTTPServer: its timeouts and header limit), with cfg's
-// limits, on a real TCP listener.
-func setupEdge(t *testing.T, cfg api.Config) *bundle {
+// limits and js (nil: no live events), on a real TCP listener.
+func setupEdge(t *testing.T, cfg api.Config, js jetstream.JetStream) *bundle {
 	t.Helper()
-	if cfg.Pool == nil {
-		cfg.Pool = testenv.Database(t).Pool
-	}
+	pool := testenv.Database(t).Pool
 	ctx := context.Background()
-	a, _, err := schema.CreateToken(ctx, cfg.Pool, "alice")
+	a, _, err := schema.CreateToken(ctx, pool, "alice")
 	require.NoError(t, err)
-	b, _, err := schema.CreateToken(ctx, cfg.Pool, "bob")
+	b, _, err := schema.CreateToken(ctx, pool, "bob")
 	require.NoError(t, err)
-	s, err := api.New(cfg)
+	s, err := api.New(cfg, pool, js)
 	require.NoError(t, err)
 	hs := httptest.NewUnstartedServer(nil)
 	hs.Config = s.HTTPServer()
 	hs.Start()
 	t.Cleanup(func() { s.Close(); hs.Close() })
-	return &bundle{pool: cfg.Pool, srv: hs, alice: a, bob: b, client: hs.Client()}
+	return &bundle{pool: pool, srv: hs, alice: a, bob: b, client: hs.Client()}
 }
 
 func (b *bundle) addr() string { return b.srv.Listener.Addr().String() }
@@ -95,7 +94,7 @@ const margin = 5 * time.Second
 
 func TestHeadersThatNeverEndAreCutOffAtTheHeaderTimeout(t *testing.T) {
 	t.Parallel()
-	b := setupEdge(t, shortTimeouts())
+	b := setupEdge(t, shortTimeouts(), nil)
 	conn := b.dial(t, "POST /v1/conversations HTTP/1.1\r\nHost: baton\r\nContent-Type: application/json\r\n")
 	got := requireClosedWithin(t, conn, conn, 300*time.Millisecond+margin, "headers sent, then nothing")
 	require.Empty(t, got, "nothing is answered to a request that never ended its headers")
@@ -103,7 +102,7 @@ func TestHeadersThatNeverEndAreCutOffAtTheHeaderTimeout(t *testing.T) {
 
 func TestABodyDeclaredButNeverSentGets408AndTheConnectionCloses(t *testing.T) {
 	t.Parallel()
-	b := setupEdge(t, shortTimeouts())
+	b := setupEdge(t, shortTimeouts(), nil)
 	b.createConversation(t, b.alice, "c1")
 	before := counts(t, b.pool)
 	conn := b.dial(t, "POST /v1/conversations/c1/messages HTTP/1.1\r\nHost: baton\r\n"+
@@ -121,7 +120,7 @@ func TestARefusedRequestWithAnUnsentBodyIsAnsweredAtOnceAndClosed(t *testing.T) 
 	// wait for the body.
 	cfg := shortTimeouts()
 	cfg.ReadTimeout = time.Minute
-	b := setupEdge(t, cfg)
+	b := setupEdge(t, cfg, nil)
 	conn := b.dial(t, "POST /v1/conversations/c1/messages HTTP/1.1\r\nHost: baton\r\n"+
 		"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
 	got := requireClosedWithin(t, conn, conn, margin, "an unauthenticated request with a body it never sends")
@@ -131,7 +130,7 @@ func TestARefusedRequestWithAnUnsentBodyIsAnsweredAtOnceAndClosed(t *testing.T) 
 
 func TestABodyTrickledByteByByteIsCutOffAtTheReadTimeout(t *testing.T) {
 	t.Parallel()
-	b := setupEdge(t, shortTimeouts())
+	b := setupEdge(t, shortTimeouts(), nil)
 	b.createConversation(t, b.alice, "c1")
 	before := counts(t, b.pool)
 	conn := b.dial(t, "POST /v1/conversations/c1/messages HTTP/1.1\r\nHost: baton\r\n"+
@@ -163,7 +162,7 @@ func TestABodyTrickledByteByByteIsCutOffAtTheReadTimeout(t *testing.T) {
 
 func TestAnIdleKeepAliveConnectionIsClosedAtTheIdleTimeout(t *testing.T) {
 	t.Parallel()
-	b := setupEdge(t, shortTimeouts())
+	b := setupEdge(t, shortTimeouts(), nil)
 	conn := b.dial(t, "GET /healthz HTTP/1.1\r\nHost: baton\r\n\r\n")
 	br := bufio.NewReader(conn)
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(margin)))
@@ -183,7 +182,7 @@ func TestHeadersOverTheLimitGet431(t *testing.T) {
 	t.Parallel()
 	cfg := shortTimeouts()
 	cfg.MaxHeaderBytes = 2048
-	b := setupEdge(t, cfg)
+	b := setupEdge(t, cfg, nil)
 
 	// Just over the limit: the API's JSON answer.
 	conn := b.dial(t, "GET /healthz HTTP/1.1\r\nHost: baton\r\nX-Filler: "+strings.Repeat("a", 2048)+"\r\n\r\n")
@@ -204,13 +203,12 @@ func TestAnEventStreamOutlivesTheReadAndWriteTimeouts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
+	_, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	cfg := shortTimeouts()
 	cfg.ReadTimeout, cfg.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
-	cfg.JetStream, cfg.NATS = js, nc
-	b := setupEdge(t, cfg)
+	b := setupEdge(t, cfg, js)
 	b.createConversation(t, b.alice, "c1")
 
 	s := openSSE(t, b.srv.URL+convPath("c1", "/events"), b.alice, "")
@@ -226,7 +224,7 @@ func TestAnEventStreamOutlivesTheReadAndWriteTimeouts(t *testing.T) {
 
 func TestAFloodingUserIsRateLimitedWhileAnotherUserPostsFreely(t *testing.T) {
 	t.Parallel()
-	b := setupEdge(t, api.Config{MessagesPerMinute: 1, MessageBurst: 3})
+	b := setupEdge(t, api.Config{MessagesPerMinute: 1, MessageBurst: 3}, nil)
 	b.createConversation(t, b.alice, "flood")
 	b.createConversation(t, b.bob, "calm")
 
@@ -283,10 +281,10 @@ func TestTheNinthStreamOfOneUserIsRefusedWhileAnotherUserOpensOne(t *testing.T) 
 	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
+	_, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	b := setupEdge(t, api.Config{JetStream: js, NATS: nc})
+	b := setupEdge(t, api.Config{}, js)
 	b.createConversation(t, b.alice, "a")
 	b.createConversation(t, b.bob, "b")
 
@@ -327,7 +325,8 @@ func TestReadyzWithAnUnreachableDatabaseSaysNothingAboutIt(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	var log lockedBuffer
-	s, err := api.New(api.Config{Pool: pool, Log: zerolog.New(&log)})
+	logger := zerolog.New(&log)
+	s, err := api.New(api.Config{Logger: &logger}, pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)

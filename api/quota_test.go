@@ -26,7 +26,7 @@ func TestQuotasAnswer429AndOnlyForTheUserWhoReachedThem(t *testing.T) {
 	require.NoError(t, err)
 	bob, _, err := schema.CreateToken(ctx, db.Pool, "bob")
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, Quotas: api.Quotas{MaxConversations: 2, MaxRetriesPerHour: 1}})
+	srv, err := api.New(api.Config{Quotas: api.Quotas{MaxConversations: 2, MaxRetriesPerHour: 1}}, db.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)

@@ -29,25 +29,18 @@ import (
 // DefaultMaxContentBytes is the default limit on a message's content.
 const DefaultMaxContentBytes = 64 << 10
 
-// Config configures the API server.
+// Config configures the API server. It holds settings only: the database
+// pool and JetStream come to New.
 type Config struct {
-	// Pool is the PostgreSQL pool. Required.
-	Pool *pgxpool.Pool
 	// MaxContentBytes limits the content of one message, in bytes; larger
 	// messages get 413. At most schema.MaxContentBytes (1 MiB), the bound
 	// of every producer. Defaults to 64 KiB.
 	MaxContentBytes int
-	// Log receives request errors. Defaults to a no-op logger.
-	Log zerolog.Logger
+	// Logger receives request errors and the server's warnings. Defaults
+	// to no logging.
+	Logger *zerolog.Logger
 	// Registerer receives the API's metrics. Defaults to a private registry.
 	Registerer prometheus.Registerer
-	// JetStream, when set, serves live conversation events
-	// (GET /v1/conversations/{cid}/events) from the events stream, and
-	// the API publishes the changes it commits there. Without it the
-	// events endpoint answers 503.
-	JetStream jetstream.JetStream
-	// NATS, when set, carries partial reply text to live clients.
-	NATS *natsclient.Conn
 	// Events is the conversation events stream. Defaults to BATON_EVENTS
 	// under baton.events.
 	Events batonnats.EventsConfig
@@ -126,6 +119,10 @@ func (c Config) WithDefaults() Config {
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
 	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
+	}
 	setDefault(&c.HeaderTimeout, DefaultHeaderTimeout)
 	setDefault(&c.ReadTimeout, DefaultReadTimeout)
 	setDefault(&c.WriteTimeout, DefaultWriteTimeout)
@@ -147,9 +144,8 @@ func setDefault[T int | time.Duration](v *T, def T) {
 }
 
 // Validate reports the first setting that cannot work, as a
-// *setting.Error naming the field; it leaves out Pool, so that a command
-// line can check its flags before it connects. It expects defaults
-// applied (WithDefaults).
+// *setting.Error naming the field, so that a command line can check its
+// flags before it connects. It expects defaults applied (WithDefaults).
 func (c Config) Validate() error {
 	if c.MaxContentBytes < 1 || c.MaxContentBytes > schema.MaxContentBytes {
 		return setting.Errorf("MaxContentBytes", c.MaxContentBytes, "must be 1 to %d bytes (the bound of every producer, 1 MiB)", schema.MaxContentBytes)
@@ -194,8 +190,13 @@ func (c Config) Validate() error {
 
 // Server serves the API.
 type Server struct {
-	cfg     Config
-	pool    *pgxpool.Pool
+	cfg  Config
+	pool *pgxpool.Pool
+	// js follows and publishes conversation events, and its connection
+	// carries live deltas, stop notices and snapshot requests; nil when the
+	// server runs without NATS.
+	js      jetstream.JetStream
+	nc      *natsclient.Conn
 	log     zerolog.Logger
 	metrics *metrics
 	mux     *http.ServeMux
@@ -213,11 +214,16 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// New builds a server.
-func New(cfg Config) (*Server, error) {
+// New builds a server over pool and js, both owned by the caller. js, when
+// not nil, serves live conversation events (GET
+// /v1/conversations/{cid}/events, the chat routes) from the events stream,
+// the server publishes the changes it commits there, and its connection
+// carries partial reply text to live clients and stop notices to workers.
+// Without it those routes answer 503.
+func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream) (*Server, error) {
 	cfg = cfg.WithDefaults()
-	if cfg.Pool == nil {
-		return nil, errors.New("api: Config.Pool is nil")
+	if pool == nil {
+		return nil, errors.New("api: the pool is nil: give New a PostgreSQL pool")
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -226,16 +232,17 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pool: cfg.Pool, log: cfg.Log, metrics: m, mux: http.NewServeMux(),
+	s := &Server{cfg: cfg, pool: pool, js: js, log: *cfg.Logger, metrics: m, mux: http.NewServeMux(),
 		eventsCfg: cfg.Events, closing: make(chan struct{}),
 		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if s.jwt, err = jwtauth.New(cfg.JWT); err != nil {
 		return nil, setting.Within("JWT", err)
 	}
-	if cfg.JetStream != nil {
-		s.hub = newHub(cfg.JetStream, cfg.NATS, cfg.Events, cfg.Log, m.dropped.WithLabelValues(dropSlowClient))
-		s.events = batonnats.NewEventPublisher(cfg.JetStream, cfg.Events, true)
+	if js != nil {
+		s.nc = js.Conn()
+		s.hub = newHub(js, s.nc, cfg.Events, s.log, m.dropped.WithLabelValues(dropSlowClient))
+		s.events = batonnats.NewEventPublisher(js, cfg.Events, true)
 	}
 	s.routes()
 	s.handler = s.cors(s.limitRequest(s.mux))

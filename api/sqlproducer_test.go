@@ -85,7 +85,7 @@ func TestTheSQLProducerWritesTheRowsTheAPIWrites(t *testing.T) {
 	viaAPI := testenv.Database(t)
 	token, _, err := schema.CreateToken(ctx, viaAPI.Pool, "alice")
 	require.NoError(t, err)
-	s, err := api.New(api.Config{Pool: viaAPI.Pool})
+	s, err := api.New(api.Config{}, viaAPI.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)

@@ -54,11 +54,11 @@ func startLiveAPI(t *testing.T, configure func(*api.Config), users ...string) *l
 			b.bob = token
 		}
 	}
-	cfg := api.Config{Pool: db.Pool, JetStream: js, NATS: nc}
+	var cfg api.Config
 	if configure != nil {
 		configure(&cfg)
 	}
-	srv, err := api.New(cfg)
+	srv, err := api.New(cfg, db.Pool, js)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
@@ -169,12 +169,12 @@ func TestAStreamEndsWhenItsConversationIsGoneEvenWithoutTheEvent(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
+	_, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	tok, u, err := schema.CreateToken(ctx, db.Pool, "alice")
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond})
+	srv, err := api.New(api.Config{StreamRecheck: 100 * time.Millisecond}, db.Pool, js)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
@@ -200,10 +200,10 @@ func TestAStreamEndsWhenItsTokenIsRevokedOrExpires(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Database(t)
 	ns := testenv.StartNATS(t)
-	nc, js := ns.Connect(t)
+	_, js := ns.Connect(t)
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 100 * time.Millisecond})
+	srv, err := api.New(api.Config{StreamRecheck: 100 * time.Millisecond}, db.Pool, js)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)

@@ -32,7 +32,7 @@ func TestWithoutAWritablePrimaryTheAPIAnswers503WithRetryAfter(t *testing.T) {
 
 	check := func(pool *pgxpool.Pool, path string, body any) {
 		t.Helper()
-		srv, err := api.New(api.Config{Pool: pool})
+		srv, err := api.New(api.Config{}, pool, nil)
 		require.NoError(t, err)
 		hs := httptest.NewServer(srv)
 		defer hs.Close()
@@ -64,7 +64,7 @@ func TestWithoutAWritablePrimaryTheAPIAnswers503WithRetryAfter(t *testing.T) {
 	// After the failover, the multi-host URL finds the new primary, and a
 	// client's retry of the same message id is stored once.
 	ha.Failover(t)
-	srv, err := api.New(api.Config{Pool: ha.DB.Pool})
+	srv, err := api.New(api.Config{}, ha.DB.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)

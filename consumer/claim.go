@@ -163,7 +163,7 @@ func (w *Worker) claimAlone(p schema.ClaimParams) schema.ClaimResult {
 	}
 	w.metrics.alone.WithLabelValues("claim").Inc()
 	var r schema.ClaimResult
-	r.Claim, r.Input, r.Err = schema.ClaimTurnWithin(w.hardCtx, w.cfg.Pool, p, w.cfg.HistoryLimit, w.cfg.LockWait)
+	r.Claim, r.Input, r.Err = schema.ClaimTurnWithin(w.hardCtx, w.pool, p, w.cfg.HistoryLimit, w.cfg.LockWait)
 	return r
 }
 

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -41,10 +42,35 @@ type EventPublisher struct {
 	log zerolog.Logger
 }
 
+// EventPublisherConfig configures an EventPublisher. It holds settings
+// only: the JetStream context comes to NewEventPublisher.
+type EventPublisherConfig struct {
+	// Events is the conversation events stream. Defaults to
+	// nats.EventsConfig's defaults.
+	Events batonnats.EventsConfig
+	// Logger receives the publications the stream did not store. Defaults
+	// to no logging.
+	Logger *zerolog.Logger
+}
+
+// WithDefaults returns a copy with every zero field set to its default.
+func (c EventPublisherConfig) WithDefaults() EventPublisherConfig {
+	c.Events = c.Events.WithDefaults()
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
+	}
+	return c
+}
+
 // NewEventPublisher returns a publisher of events to the events stream
-// over js's connection.
-func NewEventPublisher(js jetstream.JetStream, events batonnats.EventsConfig, log zerolog.Logger) (*EventPublisher, error) {
-	p := &EventPublisher{log: log}
+// over js's connection, which the caller owns.
+func NewEventPublisher(cfg EventPublisherConfig, js jetstream.JetStream) (*EventPublisher, error) {
+	if js == nil {
+		return nil, errors.New("consumer: the JetStream context is nil: give NewEventPublisher one (jetstream.New of a NATS connection)")
+	}
+	cfg = cfg.WithDefaults()
+	p := &EventPublisher{log: *cfg.Logger}
 	ajs, err := jetstream.New(js.Conn(),
 		jetstream.WithPublishAsyncMaxPending(publishMaxPending),
 		jetstream.WithPublishAsyncTimeout(publishTimeout),
@@ -55,7 +81,7 @@ func NewEventPublisher(js jetstream.JetStream, events batonnats.EventsConfig, lo
 		return nil, fmt.Errorf("consumer: event publisher: %w", err)
 	}
 	p.js = ajs
-	p.pub = batonnats.NewEventPublisher(ajs, events, false)
+	p.pub = batonnats.NewEventPublisher(ajs, cfg.Events, false)
 	return p, nil
 }
 

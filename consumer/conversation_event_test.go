@@ -25,7 +25,8 @@ func TestTheEventPublisherStoresEveryEventOnceByTheTimeFlushReturns(t *testing.T
 	stream, _, err := batonnats.ProvisionEventsStream(ctx, js, cfg, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	var logs testenv.SyncBuffer
-	p, err := NewEventPublisher(js, cfg, zerolog.New(&logs))
+	log := zerolog.New(&logs)
+	p, err := NewEventPublisher(EventPublisherConfig{Events: cfg, Logger: &log}, js)
 	require.NoError(t, err)
 
 	const count = 200
@@ -51,7 +52,8 @@ func TestAnEventTheStreamDidNotStoreIsLoggedAndDoesNotHoldUpFlush(t *testing.T) 
 	_, js := n.Connect(t)
 	cfg := batonnats.EventsConfig{Name: "EVENTS_NONE", SubjectPrefix: "eventsnone"}.WithDefaults()
 	var logs testenv.SyncBuffer
-	p, err := NewEventPublisher(js, cfg, zerolog.New(&logs))
+	log := zerolog.New(&logs)
+	p, err := NewEventPublisher(EventPublisherConfig{Events: cfg, Logger: &log}, js)
 	require.NoError(t, err)
 
 	p.Publish(batonnats.ConversationEvent{Type: batonnats.EventReplied, ConversationID: "c1", RunID: "run1", TurnID: "t"})

@@ -25,6 +25,9 @@ const (
 
 // CrashEnv is the variable that arms a crash point:
 // BATON_CRASH_AT=<point>[:<probability>], for example during_model:0.5.
+// It is for fault tests only, which run real worker processes with it set:
+// New reads it when it creates a worker, and no Config field or flag sets
+// it.
 const CrashEnv = "BATON_CRASH_AT"
 
 // PauseEnv is the variable that arms a pause point, in CrashEnv's format:
@@ -32,7 +35,8 @@ const CrashEnv = "BATON_CRASH_AT"
 // while the rest of the process runs on (its session, its other turns,
 // its fetches). Fault tests use it to hold a worker at a moment of their
 // choosing, such as its finalize, while they cut its link, let another
-// worker take its turn over and heal the link.
+// worker take its turn over and heal the link. Like CrashEnv it is for
+// fault tests only, read by New, and it cannot be set with CrashEnv.
 const PauseEnv = "BATON_PAUSE_AT"
 
 var crashPoints = []string{CrashBeforeClaim, CrashAfterClaim, CrashDuringModel, CrashAfterTool, CrashBeforeFinalize, CrashAfterFinalizeBeforeAck}
@@ -46,6 +50,19 @@ type crasher struct {
 	pause bool
 	// cont receives SIGCONT, once a pause point is armed.
 	cont chan os.Signal
+}
+
+// armFromEnv reads CrashEnv and PauseEnv through getenv (os.Getenv, or a
+// test's own) and returns the point they arm, nil when neither is set.
+func armFromEnv(getenv func(string) string) (*crasher, error) {
+	crashAt, pauseAt := getenv(CrashEnv), getenv(PauseEnv)
+	switch {
+	case crashAt != "" && pauseAt != "":
+		return nil, fmt.Errorf("%s and %s are both set: arm a crash point or a pause point, not both; unset one", CrashEnv, PauseEnv)
+	case pauseAt != "":
+		return parsePause(pauseAt)
+	}
+	return parseCrash(crashAt)
 }
 
 // parseCrash reads BATON_CRASH_AT's value; empty disarms.

@@ -32,8 +32,20 @@ func TestParseCrash(t *testing.T) {
 	c, err = parsePause("before_finalize")
 	require.NoError(t, err)
 	require.Equal(t, &crasher{point: CrashBeforeFinalize, probability: 1, pause: true}, c)
-	_, err = parsePause("during_lunch")
+	_, err = armFromEnv(env(PauseEnv, "during_lunch"))
 	require.ErrorContains(t, err, PauseEnv+`="during_lunch": unknown pause point`)
+	_, err = armFromEnv(func(string) string { return CrashBeforeFinalize })
+	require.ErrorContains(t, err, "not both", "a crash point and a pause point cannot be armed together")
+}
+
+// env is a getenv that knows one variable.
+func env(name, value string) func(string) string {
+	return func(k string) string {
+		if k == name {
+			return value
+		}
+		return ""
+	}
 }
 
 // TestCrashPointsFinishOnceAndNeverRepeatAWrite kills a real `baton

@@ -108,7 +108,7 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 		// turns a newer message superseded, which wait for nothing, and
 		// must not queue behind one that waits for a held conversation.
 		w.metrics.alone.WithLabelValues("finalize").Inc()
-		return schema.FinalizeTurn(ctx, w.cfg.Pool, f)
+		return schema.FinalizeTurn(ctx, w.pool, f)
 	}
 	return r.Finalized, r.Err
 }
@@ -129,7 +129,7 @@ func (t *turn) park(ctx context.Context, s *Suspended) {
 	}
 	p.TurnID, p.OutboxIDs, p.State, p.TTL = c.TurnID, c.OutboxIDs, s.State, w.cfg.ApprovalTTL
 	var out schema.Requested
-	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var err error
 		out, err = schema.RequestApprovalTx(ctx, tx, *p)
 		return err
@@ -157,7 +157,7 @@ func (t *turn) park(ctx context.Context, s *Suspended) {
 func (t *turn) supersede(ctx context.Context) {
 	c := t.claim
 	var done bool
-	err := pgx.BeginFunc(ctx, t.w.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, t.w.pool, func(tx pgx.Tx) error {
 		var err error
 		done, err = schema.SupersedeTx(ctx, tx, c.ConversationID, c.RunID, c.OutboxIDs, false)
 		return err
@@ -195,7 +195,7 @@ func (t *turn) superseded() {
 func (t *turn) cancelled(ctx context.Context) {
 	// The run's row went with the conversation; this records nothing
 	// unless it survived.
-	_ = schema.MarkRun(ctx, t.w.cfg.Pool, t.claim.RunID, "cancelled", "conversation deleted during the turn")
+	_ = schema.MarkRun(ctx, t.w.pool, t.claim.RunID, "cancelled", "conversation deleted during the turn")
 	ackAll(t.batch)
 	t.w.metrics.turnsFinished.WithLabelValues("cancelled").Inc()
 	t.w.emit(t.event(batonnats.EventCancelled, ""))
@@ -206,7 +206,7 @@ func (t *turn) cancelled(ctx context.Context) {
 // over owns the rows now. The triggers go back, since a trigger only means
 // "look at this conversation".
 func (t *turn) abandoned(ctx context.Context, cause error) {
-	if err := schema.MarkRun(ctx, t.w.cfg.Pool, t.claim.RunID, "abandoned", cause.Error()); err != nil {
+	if err := schema.MarkRun(ctx, t.w.pool, t.claim.RunID, "abandoned", cause.Error()); err != nil {
 		t.log.Warn().Err(err).Msg("record abandoned run")
 	}
 	nakAll(t.batch, t.w.cfg.BusyDelay)
@@ -220,7 +220,7 @@ func (t *turn) fail(ctx context.Context, cause error) {
 	w, c := t.w, t.claim
 	w.metrics.failures.WithLabelValues(failureReason(cause)).Inc()
 	var out schema.FailOutcome
-	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var err error
 		out, err = schema.FailAttemptTx(ctx, tx, schema.Failure{
 			ConversationID: c.ConversationID,
@@ -272,7 +272,7 @@ func (t *turn) fail(ctx context.Context, cause error) {
 func (t *turn) giveUp(ctx context.Context) {
 	w, c := t.w, t.claim
 	var r schema.Recovery
-	err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var err error
 		r, err = schema.RecoverRunTx(ctx, tx, c.ConversationID, c.RunID, w.cfg.MaxAttempts, schema.RecoveryReasonShutdown)
 		if err != nil {

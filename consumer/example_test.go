@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/batonhq/baton/consumer"
@@ -74,13 +73,13 @@ func Example_worker() {
 		panic(err)
 	}
 	// Slot names are global to a PostgreSQL cluster: one per database.
-	rel, err := relay.New(relay.Config{Slot: "example_" + db.Name}, db.Pool, nc, zerolog.Nop())
+	rel, err := relay.New(relay.Config{Slot: "example_" + db.Name}, db.Pool, nc)
 	if err != nil {
 		panic(err)
 	}
 	replied := make(chan batonnats.ConversationEvent, 1)
 	worker, err := consumer.New(consumer.Config{
-		Pool: db.Pool, JetStream: js, Agent: shout{},
+		Agent: shout{},
 		// Called after each committed change of a conversation's turn.
 		OnConversationEvent: func(ev batonnats.ConversationEvent) {
 			if ev.Type == batonnats.EventReplied {
@@ -90,7 +89,7 @@ func Example_worker() {
 				}
 			}
 		},
-	})
+	}, db.Pool, js)
 	if err != nil {
 		panic(err)
 	}

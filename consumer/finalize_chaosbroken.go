@@ -17,6 +17,6 @@ import (
 // the harness's test would find nothing to fail now and then.
 func init() {
 	commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (schema.Finalized, error) {
-		return schema.FinalizeSplit(ctx, w.cfg.Pool, f, func() { w.crash.always(CrashAfterFinalizeBeforeAck) })
+		return schema.FinalizeSplit(ctx, w.pool, f, func() { w.crash.always(CrashAfterFinalizeBeforeAck) })
 	}
 }

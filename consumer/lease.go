@@ -33,7 +33,7 @@ func (t *turn) renewLease() func() {
 			case <-tick.C:
 			}
 			w.progress(t.mb, t.batch)
-			renewed, err := schema.RenewLease(ctx, w.cfg.Pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
+			renewed, err := schema.RenewLease(ctx, w.pool, claim.ConversationID, claim.RunID, w.cfg.Lease)
 			switch {
 			case err == nil:
 				until = renewed

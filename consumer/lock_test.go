@@ -153,11 +153,10 @@ func TestAtMostAQuarterOfThePoolWaitsForHeldConversations(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	cfg := b.testConfig()
-	cfg.Pool = pool
 	cfg.Concurrency = 4
 	cfg.Lease = 30 * time.Second
 	cfg.LockWait = 10 * time.Second
-	w := b.startWorker(cfg)
+	w := b.startWorkerOn(cfg, pool)
 
 	release := b.hold("KEY SHARE", held...)
 	b.Send("held-1", "h1", "hello")

@@ -44,7 +44,7 @@ func (w *Worker) recoverExpired(ctx context.Context) error {
 func (w *Worker) recoverBatches(ctx context.Context, find func(context.Context, schema.Executor, int, int) ([]schema.Recovery, error)) error {
 	for {
 		var recs []schema.Recovery
-		err := pgx.BeginFunc(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 			var err error
 			recs, err = find(ctx, tx, recoveryBatch, w.cfg.MaxAttempts)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/outboxtest"
@@ -29,8 +30,6 @@ func setup(t testing.TB) *bundle {
 // testConfig is a worker configuration with short timings for tests.
 func (b *bundle) testConfig() Config {
 	return Config{
-		Pool:             b.DB.Pool,
-		JetStream:        b.JS,
 		Agent:            Echo{Directives: true},
 		Stream:           b.Stream,
 		Lease:            2 * time.Second,
@@ -45,7 +44,13 @@ func (b *bundle) testConfig() Config {
 // startWorker runs a worker until the test ends.
 func (b *bundle) startWorker(cfg Config) *Worker {
 	b.T.Helper()
-	w, err := New(cfg)
+	return b.startWorkerOn(cfg, b.DB.Pool)
+}
+
+// startWorkerOn runs a worker over pool until the test ends.
+func (b *bundle) startWorkerOn(cfg Config, pool *pgxpool.Pool) *Worker {
+	b.T.Helper()
+	w, err := New(cfg, pool, b.JS)
 	require.NoError(b.T, err)
 	outboxtest.RunInBackground(b.T, "worker", w.Run)
 	return w

@@ -51,7 +51,7 @@ func (w *Worker) running(prefix, subject string) *runningTurn {
 // stop still ends a turn at its next lease renewal, and a client that
 // joins a run late waits for the reply instead of seeing it grow.
 func (w *Worker) listen() func() {
-	nc := w.cfg.JetStream.Conn()
+	nc := w.js.Conn()
 	var subs []*natsclient.Subscription
 	for _, l := range []struct {
 		prefix string

@@ -130,7 +130,7 @@ func (t *turn) start() (stopWatching, release func()) {
 		cancel(fmt.Errorf("%w of %s", ErrTurnTimeout, w.cfg.TurnTimeout))
 	})
 	t.live = newLiveRun(w.cfg.Live, c.ConversationID, c.RunID, t.log)
-	t.journal = &journal{pool: w.cfg.Pool, tools: w.cfg.Tools, conversationID: c.ConversationID, runID: c.RunID,
+	t.journal = &journal{pool: w.pool, tools: w.cfg.Tools, conversationID: c.ConversationID, runID: c.RunID,
 		turnID: c.TurnID, epoch: c.Epoch, crash: w.crash, metrics: w.metrics,
 		live: t.live, cancel: cancel, log: t.log, resume: c.Resume}
 	untrack := w.track(c.ConversationID, c.RunID, t.live, t.journal.stop)
@@ -171,7 +171,7 @@ func (t *turn) answer() (Reply, error) {
 	var journaled []schema.StepRecord
 	if c.Journaled {
 		var err error
-		if journaled, err = schema.LoadSteps(t.ctx, w.cfg.Pool, c.ConversationID, c.TurnID, c.Epoch); err != nil {
+		if journaled, err = schema.LoadSteps(t.ctx, w.pool, c.ConversationID, c.TurnID, c.Epoch); err != nil {
 			return Reply{}, err
 		}
 	}
@@ -188,7 +188,7 @@ func (t *turn) answer() (Reply, error) {
 		Messages:       t.input.Messages,
 		History:        t.input.History,
 		MoreHistory: pagesOnce(func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error) {
-			return schema.LoadHistoryBefore(ctx, w.cfg.Pool, c.ConversationID, beforeSeq, limit)
+			return schema.LoadHistoryBefore(ctx, w.pool, c.ConversationID, beforeSeq, limit)
 		}),
 	}, tools, t.journal, t.live, w.cfg.MaxToolIterations, t.log)
 	l.resume, l.journaled = resumeOf(c.Resume), journaled

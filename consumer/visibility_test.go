@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsclient "github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/outboxtest"
@@ -65,7 +64,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 		Slot:          "visibility",
 		SweepInterval: time.Hour,
 		SweepAge:      time.Hour,
-	}, ha.DB.Pool, nc, zerolog.Nop())
+	}, ha.DB.Pool, nc)
 	require.NoError(t, err)
 	outboxtest.RunInBackground(t, "relay", r.Run)
 	// The relay provisions the stream before it streams; the worker joins
@@ -82,8 +81,6 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 	var mu sync.Mutex
 	replied := map[string]time.Time{} // turn id -> when its reply committed
 	w, err := New(Config{
-		Pool:             ha.DB.Pool,
-		JetStream:        js,
 		Agent:            Echo{},
 		Stream:           stream,
 		Lease:            5 * time.Second,
@@ -98,7 +95,7 @@ func TestTriggerDecodedBeforeItsCommitIsVisibleIsAnsweredOnceTheCommitIs(t *test
 				replies.Notify()
 			}
 		},
-	})
+	}, ha.DB.Pool, js)
 	require.NoError(t, err)
 	outboxtest.RunInBackground(t, "worker", w.Run)
 	repliesSeen := func() int {

@@ -124,7 +124,7 @@ func TestAShutdownRecordsItsOwnReason(t *testing.T) {
 	b.Conversation("c")
 	cfg := b.testConfig()
 	cfg.ShutdownTimeout = 100 * time.Millisecond
-	w, err := New(cfg)
+	w, err := New(cfg, b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -51,12 +51,9 @@ const (
 	NoSession time.Duration = -1
 )
 
-// Config configures a Worker.
+// Config configures a Worker. It holds settings only: the database and
+// JetStream come to New.
 type Config struct {
-	// Pool is the database. Required.
-	Pool *pgxpool.Pool
-	// JetStream is the NATS JetStream context. Required.
-	JetStream jetstream.JetStream
 	// Stream is the outbox stream the relay publishes to. Defaults to
 	// nats.StreamConfig's defaults.
 	Stream batonnats.StreamConfig
@@ -157,13 +154,6 @@ type Config struct {
 	// Name identifies this worker in agent_runs. Defaults to
 	// <hostname>-<pid>.
 	Name string
-	// CrashAt arms a crash point for fault tests, in BATON_CRASH_AT's
-	// format. Defaults to none.
-	CrashAt string
-	// PauseAt arms a pause point for fault tests, in BATON_PAUSE_AT's
-	// format: the process stops itself there until it is continued. It
-	// cannot be armed with CrashAt. Defaults to none.
-	PauseAt string
 	// Logger receives the worker's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// Registerer receives the worker's metrics. Defaults to a private
@@ -199,12 +189,6 @@ func (c Config) WithDefaults() Config {
 	c.Stream = c.Stream.WithDefaults()
 	if c.Agent == nil {
 		c.Agent = Echo{}
-	}
-	if c.Live == nil && c.JetStream != nil {
-		c.Live = c.JetStream.Conn()
-	}
-	if c.Tools == nil && c.Pool != nil {
-		c.Tools = Tools{}.Register(LookupTool{}, NotifyTool{DB: c.Pool})
 	}
 	if c.Debounce == 0 {
 		c.Debounce = DefaultDebounce
@@ -260,8 +244,6 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate returns a *setting.Error for the first setting that is wrong.
-// It does not look at the connections (Pool, JetStream), which New
-// requires.
 func (c Config) Validate() error {
 	switch {
 	case c.Debounce < 0 && c.Debounce != NoDebounce:
@@ -303,21 +285,14 @@ func (c Config) Validate() error {
 	if err := c.Consumer.Validate(); err != nil {
 		return setting.Within("Consumer", err)
 	}
-	if _, err := parseCrash(c.CrashAt); err != nil {
-		return setting.Errorf("CrashAt", c.CrashAt, "%v", err)
-	}
-	if _, err := parsePause(c.PauseAt); err != nil {
-		return setting.Errorf("PauseAt", c.PauseAt, "%v", err)
-	}
-	if c.CrashAt != "" && c.PauseAt != "" {
-		return setting.Errorf("PauseAt", c.PauseAt, "arm a crash point or a pause point, not both")
-	}
 	return nil
 }
 
 // Worker runs turns for one process of the consumer group.
 type Worker struct {
 	cfg     Config
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
 	log     zerolog.Logger
 	metrics *metrics
 	crash   *crasher
@@ -348,35 +323,45 @@ type Worker struct {
 	wg      sync.WaitGroup
 }
 
-// New checks the configuration and returns a worker; Run starts it.
-func New(cfg Config) (*Worker, error) {
+// New checks the configuration and returns a worker over pool and js, both
+// owned by the caller; Run starts it. It arms the crash or pause point that
+// CrashEnv or PauseEnv names, if any.
+func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream) (*Worker, error) {
 	switch {
-	case cfg.Pool == nil:
-		return nil, errors.New("consumer: Config.Pool is nil: give a database pool")
-	case cfg.JetStream == nil:
-		return nil, errors.New("consumer: Config.JetStream is nil: give a JetStream context")
+	case pool == nil:
+		return nil, errors.New("consumer: the pool is nil: give New a database pool")
+	case js == nil:
+		return nil, errors.New("consumer: the JetStream context is nil: give New one (jetstream.New of a NATS connection)")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	crash, err := armFromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	if cfg.Live == nil {
+		cfg.Live = js.Conn()
+	}
+	if cfg.Tools == nil {
+		cfg.Tools = Tools{}.Register(LookupTool{}, NotifyTool{DB: pool})
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: register metrics: %w", err)
 	}
-	crash, _ := parseCrash(cfg.CrashAt)
-	if cfg.PauseAt != "" {
-		crash, _ = parsePause(cfg.PauseAt)
-		crash.listen()
-	}
+	crash.listen()
 	w := &Worker{
 		cfg:     cfg,
+		pool:    pool,
+		js:      js,
 		log:     cfg.Logger.With().Str("worker", cfg.Name).Logger(),
 		metrics: m,
 		crash:   crash,
 	}
 	if cfg.SessionCheckInterval != NoSession {
-		w.session = newSession(cfg.Pool, w.log, m.sessionHeld)
+		w.session = newSession(pool, w.log, m.sessionHeld)
 		w.session.lost = w.handBackWaiting
 	}
 	return w, nil
@@ -388,14 +373,13 @@ func New(cfg Config) (*Worker, error) {
 // shutdown, with no goroutine left behind.
 func (w *Worker) Run(ctx context.Context) error {
 	loop, err := pull.New(pull.Config{
-		JetStream:     w.cfg.JetStream,
 		Stream:        w.cfg.Stream,
 		Consumer:      w.cfg.Consumer,
 		MaxMessages:   max(2*w.cfg.Concurrency, pull.DefaultMaxMessages),
 		CheckInterval: w.cfg.RecoveryInterval,
 		Logger:        &w.log,
 		OnRejoin:      w.cfg.OnRejoin,
-	})
+	}, w.js)
 	if err != nil {
 		return err
 	}
@@ -419,7 +403,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer hardCancel()
 	w.hardCtx = hardCtx
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
-	w.alone = make(chan struct{}, max(1, int(w.cfg.Pool.Config().MaxConns)/4))
+	w.alone = make(chan struct{}, max(1, int(w.pool.Config().MaxConns)/4))
 	w.mailboxes = map[string]*mailbox{}
 	w.stopping = make(chan struct{})
 	claimTurns, finalizeTurns := w.metrics.statementTurns.WithLabelValues("claim"), w.metrics.statementTurns.WithLabelValues("finalize")
@@ -427,7 +411,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	w.claims = startBatcher(w.cfg.Concurrency, func(ps []schema.ClaimParams) []schema.ClaimResult {
 		claimTurns.Observe(float64(len(ps)))
-		return schema.ClaimTurnsNoWait(hardCtx, w.cfg.Pool, ps, w.cfg.HistoryLimit)
+		return schema.ClaimTurnsNoWait(hardCtx, w.pool, ps, w.cfg.HistoryLimit)
 	})
 	w.finalizes = startBatcher(w.cfg.Concurrency, func(fs []schema.Finalize) []schema.FinalizeResult {
 		// A finalize runs even when the turn's context has ended: an
@@ -435,7 +419,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		finalizeTurns.Observe(float64(len(fs)))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(hardCtx), commitTimeout)
 		defer cancel()
-		return schema.FinalizeTurnsNoWait(ctx, w.cfg.Pool, fs)
+		return schema.FinalizeTurnsNoWait(ctx, w.pool, fs)
 	})
 	w.mu.Unlock()
 

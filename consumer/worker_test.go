@@ -253,7 +253,7 @@ func TestTwoWorkersRecoverAnExpiredRunOnce(t *testing.T) {
 	for i := range workers {
 		cfg := b.testConfig()
 		cfg.OnConversationEvent = st.record
-		workers[i], err = New(cfg)
+		workers[i], err = New(cfg, b.DB.Pool, b.JS)
 		require.NoError(t, err)
 	}
 	start := make(chan struct{})

@@ -47,8 +47,8 @@ func startStack(t *testing.T) *stack {
 	s := &stack{Bundle: outboxtest.Setup(t)}
 	s.RelayStreaming()
 	w, err := consumer.New(consumer.Config{
-		Pool: s.DB.Pool, JetStream: s.JS, Stream: s.Stream, Agent: consumer.Echo{}, Debounce: consumer.NoDebounce,
-	})
+		Stream: s.Stream, Agent: consumer.Echo{}, Debounce: consumer.NoDebounce,
+	}, s.DB.Pool, s.JS)
 	require.NoError(t, err)
 	outboxtest.RunInBackground(t, "worker", w.Run)
 

@@ -115,9 +115,8 @@ type Config struct {
 	// Transport carries the requests to the provider. Defaults to
 	// http.DefaultTransport.
 	Transport http.RoundTripper
-	// Log receives the outcome of key fetches. Defaults to a no-op
-	// logger.
-	Log zerolog.Logger
+	// Logger receives the outcome of key fetches. Defaults to no logging.
+	Logger *zerolog.Logger
 }
 
 // Enabled reports whether any JWT is accepted.
@@ -147,6 +146,10 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxTokenBytes == 0 {
 		c.MaxTokenBytes = DefaultMaxTokenBytes
+	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
 	}
 	return c
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/rs/zerolog"
 )
 
 // minRSABits is the least size of an RSA key accepted from a JWKS.
@@ -37,6 +38,7 @@ var (
 // and no other key does.
 type keySet struct {
 	cfg    Config
+	log    zerolog.Logger
 	client *http.Client
 	now    func() time.Time
 
@@ -53,7 +55,7 @@ type keySet struct {
 }
 
 func newKeySet(cfg Config, now func() time.Time) *keySet {
-	k := &keySet{cfg: cfg, now: now, jwksURL: cfg.JWKSURL}
+	k := &keySet{cfg: cfg, log: *cfg.Logger, now: now, jwksURL: cfg.JWKSURL}
 	k.client = &http.Client{
 		Transport: cfg.Transport,
 		Timeout:   cfg.FetchTimeout,
@@ -173,9 +175,9 @@ func (k *keySet) refresh(ctx context.Context) error {
 	}
 	if err == nil {
 		k.keys, k.fetchedAt = keys, k.now()
-		k.cfg.Log.Info().Str("jwks_url", k.jwksURL).Int("keys", len(keys)).Msg("fetched the JWT issuer's keys")
+		k.log.Info().Str("jwks_url", k.jwksURL).Int("keys", len(keys)).Msg("fetched the JWT issuer's keys")
 	} else {
-		k.cfg.Log.Warn().Err(err).Str("issuer", k.cfg.Issuer).Int("keys_kept", len(k.keys)).
+		k.log.Warn().Err(err).Str("issuer", k.cfg.Issuer).Int("keys_kept", len(k.keys)).
 			Msg("cannot fetch the JWT issuer's keys; the keys fetched before keep working, tokens signed by any other key are refused")
 	}
 	k.lastErr = err

@@ -239,7 +239,7 @@ func latencyOnce(b *testing.B, perSecond int, duration time.Duration) {
 	n := testenv.StartNATS(b)
 	_, js := n.Connect(b)
 	bb := &bundle{pool: db.Pool, dbURL: db.URL, nats: n, js: js}
-	r, err := New(Config{Slot: "bench_lat_" + db.Name, SweepInterval: time.Hour, SweepAge: time.Hour}, db.Pool, bb.relayConn(b), testLogger(b))
+	r, err := New(Config{Slot: "bench_lat_" + db.Name, SweepInterval: time.Hour, SweepAge: time.Hour, Logger: testLogger(b)}, db.Pool, bb.relayConn(b))
 	require.NoError(b, err)
 	var mu sync.Mutex
 	var latencies []time.Duration

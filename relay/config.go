@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/internal/setting"
 	batonnats "github.com/batonhq/baton/nats"
@@ -28,10 +29,11 @@ const (
 	DefaultRetryMax          = 5 * time.Second
 )
 
-// Config configures a Relay.
+// Config configures a Relay. It holds settings only: the database pool and
+// the NATS connection come to New.
 type Config struct {
 	// Stream is the JetStream stream the relay publishes to, and provisions
-	// on start. Zero fields take the nats package's defaults.
+	// on start. Defaults to nats.StreamConfig's defaults.
 	Stream batonnats.StreamConfig
 
 	// Slot is the logical replication slot the relay reads. It is created
@@ -83,9 +85,10 @@ type Config struct {
 	// relay tries to take it over. Defaults to 1 s.
 	StandbyRetry time.Duration
 
-	// RetryMin and RetryMax bound the exponential backoff after a failure
-	// of PostgreSQL or NATS. Default to 100 ms and 5 s.
+	// RetryMin is the first delay of the exponential backoff after a
+	// failure of PostgreSQL or NATS. Defaults to 100 ms.
 	RetryMin time.Duration
+	// RetryMax bounds the delays of that backoff. Defaults to 5 s.
 	RetryMax time.Duration
 
 	// AllowRetentionShrink lets the relay reduce the stream's max age or
@@ -97,6 +100,8 @@ type Config struct {
 	// relay a private registry, so several relays can run in one process.
 	// Defaults to nil.
 	Registerer prometheus.Registerer
+	// Logger receives the relay's logs. Defaults to no logging.
+	Logger *zerolog.Logger
 }
 
 // WithDefaults returns a copy of c with every zero field set to its
@@ -138,6 +143,10 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RetryMax == 0 {
 		c.RetryMax = DefaultRetryMax
+	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
 	}
 	return c
 }

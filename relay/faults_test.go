@@ -282,7 +282,8 @@ func TestSweepAnnouncesARowOncePerPeriod(t *testing.T) {
 	cfg.SweepInterval = time.Minute
 	cfg.SweepAge = time.Minute
 	cfg.SweepBatch = 7 // several batches in one sweep
-	r, err := New(cfg, b.pool, b.relayConn(t), testLogger(t))
+	cfg.Logger = testLogger(t)
+	r, err := New(cfg, b.pool, b.relayConn(t))
 	require.NoError(t, err)
 	b.conversation(t, "sweep")
 	for i := range 30 {

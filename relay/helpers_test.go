@@ -84,7 +84,10 @@ func (b *bundle) relayConn(t testing.TB) *natsclient.Conn {
 // test if Run returns an error.
 func (b *bundle) start(t testing.TB, cfg Config) (r *Relay, stop func()) {
 	t.Helper()
-	r, err := New(cfg, b.pool, b.relayConn(t), testLogger(t))
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	r, err := New(cfg, b.pool, b.relayConn(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -114,11 +117,12 @@ func waitActive(t testing.TB, r *Relay) {
 	require.Eventually(t, r.active.Load, 30*time.Second, 10*time.Millisecond, "the relay did not start streaming")
 }
 
-func testLogger(t testing.TB) zerolog.Logger {
+func testLogger(t testing.TB) *zerolog.Logger {
+	log := zerolog.Nop()
 	if testing.Verbose() {
-		return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Str("component", "relay").Logger()
+		log = zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Str("component", "relay").Logger()
 	}
-	return zerolog.Nop()
+	return &log
 }
 
 // conversation creates a conversation whose key is its id, as for

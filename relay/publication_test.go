@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/testenv"
@@ -37,7 +36,7 @@ func TestARelayThatMayNotCreateItsPublicationSaysWhatToRun(t *testing.T) {
 
 	cfg := b.cfg
 	cfg.Publication = "missing_" + db.Name
-	r, err := New(cfg, pool, b.relayConn(t), zerolog.Nop())
+	r, err := New(cfg, pool, b.relayConn(t))
 	require.NoError(t, err)
 	err = r.Run(ctx)
 	require.Error(t, err, "a missing publication the relay may not create stops it")

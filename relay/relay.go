@@ -60,13 +60,16 @@ type Relay struct {
 // replication connection it opens itself) and nc, both owned by the
 // caller. A NATS connection that buffers publications while it reconnects
 // only delays failures; give one made with natsclient.ReconnectBufSize(-1).
-func New(cfg Config, pool *pgxpool.Pool, nc *natsclient.Conn, log zerolog.Logger) (*Relay, error) {
+func New(cfg Config, pool *pgxpool.Pool, nc *natsclient.Conn) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || nc == nil {
-		return nil, errors.New("relay: New needs a PostgreSQL pool and a NATS connection")
+	switch {
+	case pool == nil:
+		return nil, errors.New("relay: the pool is nil: give New a PostgreSQL pool")
+	case nc == nil:
+		return nil, errors.New("relay: the NATS connection is nil: give New one (natsclient.Connect with natsclient.ReconnectBufSize(-1))")
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -83,7 +86,7 @@ func New(cfg Config, pool *pgxpool.Pool, nc *natsclient.Conn, log zerolog.Logger
 		cfg:     cfg,
 		pool:    pool,
 		nc:      nc,
-		log:     log,
+		log:     *cfg.Logger,
 		metrics: m,
 		repl:    repl,
 		api:     api,

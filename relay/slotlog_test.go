@@ -47,7 +47,10 @@ func TestAFirstStartLogsSlotCreatedAtInfoAndOnlyAVanishedSlotWarns(t *testing.T)
 	ctx := context.Background()
 	runOnce := func() *logLines {
 		logs := &logLines{}
-		r, err := New(b.cfg, b.pool, b.relayConn(t), zerolog.New(logs))
+		cfg := b.cfg
+		log := zerolog.New(logs)
+		cfg.Logger = &log
+		r, err := New(cfg, b.pool, b.relayConn(t))
 		require.NoError(t, err)
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -85,7 +88,10 @@ func TestASlotWhoseProgressCannotBeRecordedIsWarnedAboutOnce(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `ALTER TABLE relay_slot_progress RENAME TO relay_slot_progress_away`)
 	require.NoError(t, err)
 	logs := &logLines{}
-	r, err := New(b.cfg, b.pool, b.relayConn(t), zerolog.New(logs))
+	cfg := b.cfg
+	log := zerolog.New(logs)
+	cfg.Logger = &log
+	r, err := New(cfg, b.pool, b.relayConn(t))
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -33,7 +33,7 @@ func (g *Group) park(ctx context.Context, ev Event, cause error) error {
 	if !ev.PublishedAt.IsZero() {
 		published = &ev.PublishedAt
 	}
-	err = schema.Park(ctx, g.cfg.Pool, schema.DeadLetter{
+	err = schema.Park(ctx, g.pool, schema.DeadLetter{
 		Group: ev.Group, EventID: ev.ID, Stream: ev.Stream, StreamSeq: ev.StreamSeq, Subject: ev.Subject,
 		OutboxID: outboxID, Headers: headers, Payload: ev.Data, Attempts: ev.Attempt, Error: cause.Error(),
 		PublishedAt: published,
@@ -53,7 +53,7 @@ func (g *Group) park(ctx context.Context, ev Event, cause error) error {
 // schema.ErrResolved. Nothing is published: the stream is the relay's, and
 // other groups have their own copy of the event.
 func (g *Group) RetryDeadLetter(ctx context.Context, id int64) (Outcome, error) {
-	d, err := schema.DeadLetterByID(ctx, g.cfg.Pool, g.cfg.Name, id, false)
+	d, err := schema.DeadLetterByID(ctx, g.pool, g.cfg.Name, id, false)
 	if err != nil {
 		return "", err
 	}

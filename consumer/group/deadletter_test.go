@@ -61,7 +61,7 @@ func TestAParkedEventIsRetriedFromItsDeadLetterOrDiscardedAndNeverAppliedTwice(t
 	// The gauge counts them, read from the table.
 	reg = prometheus.NewRegistry()
 	cfg.Registerer = reg
-	g, err := New(cfg)
+	g, err := New(cfg, b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	g.refreshDeadLetters(ctx)
 	require.Equal(t, 2.0, gaugeValue(t, reg, "baton_group_dead_letters"))

@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/batonhq/baton/consumer/group"
@@ -67,13 +66,13 @@ func Example_group() {
 		panic(err)
 	}
 	// Slot names are global to a PostgreSQL cluster: one per database.
-	rel, err := relay.New(relay.Config{Slot: "example_" + db.Name}, db.Pool, nc, zerolog.Nop())
+	rel, err := relay.New(relay.Config{Slot: "example_" + db.Name}, db.Pool, nc)
 	if err != nil {
 		panic(err)
 	}
 	settled := make(chan group.Outcome, 1)
 	g, err := group.New(group.Config{
-		Name: "messages-seen", Pool: db.Pool, JetStream: js,
+		Name: "messages-seen",
 		Handler: func(ctx context.Context, tx pgx.Tx, ev group.Event) error {
 			// ev.ConversationID is the conversation's key: the same for
 			// every event of the conversation, whatever its owner calls it.
@@ -89,7 +88,7 @@ func Example_group() {
 			default:
 			}
 		},
-	})
+	}, db.Pool, js)
 	if err != nil {
 		panic(err)
 	}

@@ -65,7 +65,8 @@ const (
 )
 
 // Config configures a consumer group: a named durable consumer on the
-// outbox stream that runs one Handler for every event.
+// outbox stream that runs one Handler for every event. The database and
+// JetStream come to New.
 type Config struct {
 	// Name of the group: its durable consumer, and its key in group_inbox
 	// and group_dead_letters. Every process that runs a group with this
@@ -75,11 +76,6 @@ type Config struct {
 	Description string
 	// Handler applies events. Required.
 	Handler Handler
-	// Pool is the database. Required.
-	Pool *pgxpool.Pool
-	// JetStream is the NATS JetStream context. Required by Run; a group
-	// that only retries dead letters (RetryDeadLetter) needs none.
-	JetStream jetstream.JetStream
 	// Stream is the outbox stream. Defaults to nats.StreamConfig's
 	// defaults.
 	Stream batonnats.StreamConfig
@@ -176,7 +172,7 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate returns a *setting.Error for the first setting that is wrong.
-// It does not look at the connections and the handler, which New requires.
+// It does not look at the handler, which New requires.
 func (c Config) Validate() error {
 	if c.Name == "" {
 		return setting.Errorf("Name", `""`, "give the group a name, such as audit")
@@ -233,15 +229,19 @@ func (c Config) consumer() batonnats.ConsumerConfig {
 // replayed trigger therefore finds nothing to claim and is acked.
 type Group struct {
 	cfg     Config
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
 	log     zerolog.Logger
 	metrics *metrics
 }
 
-// New checks the configuration and returns a group; Run starts it.
-func New(cfg Config) (*Group, error) {
+// New checks the configuration and returns a group over pool and js, both
+// owned by the caller; Run starts it. Run needs js; a group that only
+// retries dead letters (RetryDeadLetter) may be given nil.
+func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream) (*Group, error) {
 	switch {
-	case cfg.Pool == nil:
-		return nil, errors.New("group: Config.Pool is nil: give a database pool")
+	case pool == nil:
+		return nil, errors.New("group: the pool is nil: give New a database pool")
 	case cfg.Handler == nil:
 		return nil, errors.New("group: Config.Handler is nil: give the function that applies events")
 	}
@@ -253,7 +253,7 @@ func New(cfg Config) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("group: register metrics of group %s: %w", cfg.Name, err)
 	}
-	return &Group{cfg: cfg, log: cfg.Logger.With().Str("group", cfg.Name).Logger(), metrics: m}, nil
+	return &Group{cfg: cfg, pool: pool, js: js, log: cfg.Logger.With().Str("group", cfg.Name).Logger(), metrics: m}, nil
 }
 
 // Name returns the group's name.
@@ -272,19 +272,18 @@ func (g *Group) Durable() (batonnats.StreamConfig, batonnats.ConsumerConfig) {
 // group goes on. Run returns nil after a shutdown, with no goroutine left
 // behind.
 func (g *Group) Run(ctx context.Context) error {
-	if g.cfg.JetStream == nil {
-		return errors.New("group: Config.JetStream is nil: give a JetStream context")
+	if g.js == nil {
+		return errors.New("group: the JetStream context is nil: give New one (jetstream.New of a NATS connection) to run the group")
 	}
 	stream, durable := g.Durable()
 	loop, err := pull.New(pull.Config{
-		JetStream:     g.cfg.JetStream,
 		Stream:        stream,
 		Consumer:      durable,
 		MaxMessages:   max(2*g.cfg.Lanes, 16),
 		CheckInterval: g.cfg.CheckInterval,
 		Logger:        &g.log,
 		OnRejoin:      g.cfg.OnRejoin,
-	})
+	}, g.js)
 	if err != nil {
 		return err
 	}
@@ -503,7 +502,7 @@ func (g *Group) watchDeadLetters(ctx context.Context) {
 // refreshDeadLetters reads the group's unresolved dead letters into its
 // gauge; a failure leaves the last value (the database may be away).
 func (g *Group) refreshDeadLetters(ctx context.Context) {
-	n, err := schema.CountDeadLetters(ctx, g.cfg.Pool, g.cfg.Name)
+	n, err := schema.CountDeadLetters(ctx, g.pool, g.cfg.Name)
 	if err == nil {
 		g.metrics.deadLetters.Set(float64(n))
 	}

@@ -37,8 +37,6 @@ func (b *bundle) groupConfig(name string, h Handler) Config {
 	return Config{
 		Name:            name,
 		Handler:         h,
-		Pool:            b.DB.Pool,
-		JetStream:       b.JS,
 		Stream:          b.Stream,
 		RetryMin:        10 * time.Millisecond,
 		RetryMax:        100 * time.Millisecond,
@@ -51,7 +49,7 @@ func (b *bundle) groupConfig(name string, h Handler) Config {
 // returns what Run returned.
 func (b *bundle) startGroup(cfg Config) (stop func() error) {
 	b.T.Helper()
-	g, err := New(cfg)
+	g, err := New(cfg, b.DB.Pool, b.JS)
 	require.NoError(b.T, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -122,9 +120,8 @@ func TestThreeGroupsApplyEveryEventOnceWithOneCutOffHalfwayAndRestarted(t *testi
 		}
 		return recordEffect(ctx, tx, ev)
 	})
-	beta.JetStream = betaJS
 	beta.AckWait = time.Second
-	betaGroup, err := New(beta)
+	betaGroup, err := New(beta, b.DB.Pool, betaJS)
 	require.NoError(t, err)
 	betaCtx, cancelBeta := context.WithCancel(context.Background())
 	defer cancelBeta()
@@ -237,7 +234,7 @@ func TestFailingHandlerParksTheEventAfterTheCapAndTheGroupMovesOn(t *testing.T) 
 	// Once the handler is fixed, a replay applies the parked event and
 	// resolves its dead letter; the events applied before are skipped.
 	fixed.Store(true)
-	g, err := New(cfg)
+	g, err := New(cfg, b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	res, err := Replay(context.Background(), ReplayConfig{JetStream: b.JS, Stream: b.Stream, Group: "fragile", From: Position{All: true}, Runner: g, ProgressInterval: 20 * time.Millisecond})
 	require.NoError(t, err)

@@ -23,7 +23,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // running) waits on its key and finds it taken once the first commits.
 func (g *Group) apply(ctx context.Context, ev Event) (Outcome, error) {
 	outcome := OutcomeApplied
-	err := pgx.BeginFunc(ctx, g.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, g.pool, func(tx pgx.Tx) error {
 		fresh, err := schema.RecordInboxTx(ctx, tx, schema.InboxRow{
 			Group: ev.Group, EventID: ev.ID, Stream: ev.Stream, StreamSeq: ev.StreamSeq, OutboxID: ev.OutboxID,
 		})

@@ -20,11 +20,11 @@ import (
 func (b *bundle) startTurns() {
 	b.T.Helper()
 	w, err := consumer.New(consumer.Config{
-		Pool: b.DB.Pool, JetStream: b.JS, Stream: b.Stream, Agent: consumer.Echo{Directives: true},
+		Stream: b.Stream, Agent: consumer.Echo{Directives: true},
 		Lease: 2 * time.Second, Debounce: consumer.NoDebounce, MaxAttempts: 2,
 		BusyDelay: 50 * time.Millisecond, RetryDelay: 50 * time.Millisecond,
 		RecoveryInterval: 500 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
-	})
+	}, b.DB.Pool, b.JS)
 	require.NoError(b.T, err)
 	outboxtest.RunInBackground(b.T, "worker", w.Run)
 }
@@ -193,7 +193,7 @@ func TestPruneKeepsWhatTheRulesKeepAndAReplayOfTheRetainedEventsAppliesNothingTw
 
 	// A replay of every retained event applies nothing twice: not in the
 	// audit log, not as a turn.
-	replayer, err := New(b.groupConfig(AuditGroup, Audit))
+	replayer, err := New(b.groupConfig(AuditGroup, Audit), b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	rep, err := Replay(ctx, ReplayConfig{JetStream: b.JS, Stream: b.Stream, Group: AuditGroup, From: Position{Seq: 1}, Runner: replayer, ProgressInterval: 20 * time.Millisecond})
 	require.NoError(t, err)

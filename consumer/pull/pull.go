@@ -36,10 +36,9 @@ const (
 // checkTimeout bounds one look at the durable.
 const checkTimeout = 5 * time.Second
 
-// Config configures a Loop.
+// Config configures a Loop. It holds settings only: the JetStream context
+// comes to New.
 type Config struct {
-	// JetStream is the NATS JetStream context. Required.
-	JetStream jetstream.JetStream
 	// Stream is the stream the durable consumes. Defaults to
 	// nats.StreamConfig's defaults.
 	Stream batonnats.StreamConfig
@@ -101,13 +100,14 @@ func (c Config) WithDefaults() Config {
 // Loop fetches the messages of one durable consumer.
 type Loop struct {
 	cfg Config
+	js  jetstream.JetStream
 	log zerolog.Logger
 }
 
-// New returns a loop; Run starts it.
-func New(cfg Config) (*Loop, error) {
-	if cfg.JetStream == nil {
-		return nil, errors.New("pull: Config.JetStream is nil: give a JetStream context")
+// New returns a loop over js, owned by the caller; Run starts it.
+func New(cfg Config, js jetstream.JetStream) (*Loop, error) {
+	if js == nil {
+		return nil, errors.New("pull: the JetStream context is nil: give New one (jetstream.New of a NATS connection)")
 	}
 	cfg = cfg.WithDefaults()
 	switch {
@@ -119,7 +119,7 @@ func New(cfg Config) (*Loop, error) {
 		return nil, fmt.Errorf("pull: Config.Heartbeat %s must be from 500ms to %s", cfg.Heartbeat, jetstream.DefaultExpires/2)
 	}
 	log := cfg.Logger.With().Str("stream", cfg.Stream.Name).Str("consumer", cfg.Consumer.Name).Logger()
-	return &Loop{cfg: cfg, log: log}, nil
+	return &Loop{cfg: cfg, js: js, log: log}, nil
 }
 
 // Run provisions the durable and calls deliver with every fetched message,
@@ -253,14 +253,14 @@ func (l *Loop) start(ctx context.Context) (*subscription, error) {
 // closed returns an error when the NATS connection is closed for good:
 // nothing can arrive any more.
 func (l *Loop) closed() error {
-	if nc := l.cfg.JetStream.Conn(); nc != nil && nc.IsClosed() {
+	if nc := l.js.Conn(); nc != nil && nc.IsClosed() {
 		return fmt.Errorf("%s/%s stopped receiving events: the NATS connection is closed for good; start the process again", l.cfg.Stream.Name, l.cfg.Consumer.Name)
 	}
 	return nil
 }
 
 func (l *Loop) provision(ctx context.Context) (jetstream.Consumer, error) {
-	return batonnats.EnsureConsumer(ctx, l.cfg.JetStream, l.cfg.Stream, l.cfg.Consumer)
+	return batonnats.EnsureConsumer(ctx, l.js, l.cfg.Stream, l.cfg.Consumer)
 }
 
 func (l *Loop) options() []jetstream.PullMessagesOpt {
@@ -341,7 +341,7 @@ func (l *Loop) rejoin(ctx context.Context, sub *subscription) (*rejoinStep, erro
 	ended := sub.ended()
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
-	cons, err := l.cfg.JetStream.Consumer(ctx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
+	cons, err := l.js.Consumer(ctx, l.cfg.Stream.Name, l.cfg.Consumer.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		if cons, err = l.provision(ctx); err != nil {

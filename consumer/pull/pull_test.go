@@ -48,7 +48,7 @@ func TestALoopWhoseDurableWasCreatedAgainByAnotherMemberSubscribesAgain(t *testi
 	held := &heldLookup{JetStream: f.js, entered: make(chan struct{}), release: make(chan struct{})}
 	// No periodic look during the test: only the loop's own reaction to
 	// its ended subscription can bring it back.
-	await := runLoop(t, ctx, pull.Config{JetStream: held, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
+	await := runLoop(t, ctx, pull.Config{Stream: stream, Consumer: consumer, CheckInterval: time.Hour}, held)
 	f.publish("before")
 	await("before")
 
@@ -82,7 +82,7 @@ func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *test
 
 	// No periodic look at the durable during the test: it would find the
 	// durable there anyway.
-	await := runLoop(t, ctx, pull.Config{JetStream: f.js, Stream: stream, Consumer: consumer, CheckInterval: time.Hour})
+	await := runLoop(t, ctx, pull.Config{Stream: stream, Consumer: consumer, CheckInterval: time.Hour}, f.js)
 	f.publish("before")
 	await("before")
 
@@ -109,22 +109,22 @@ func TestALoopWhosePullWasLostWithTheStreamAsksAgainWithinAFewHeartbeats(t *test
 func TestAHeartbeatOutsideItsRangeIsRefused(t *testing.T) {
 	f := newFixture(t, "PULL_HB")
 	for _, hb := range []time.Duration{400 * time.Millisecond, 20 * time.Second} {
-		_, err := pull.New(pull.Config{JetStream: f.js, Stream: f.stream, Heartbeat: hb})
+		_, err := pull.New(pull.Config{Stream: f.stream, Heartbeat: hb}, f.js)
 		require.EqualError(t, err, "pull: Config.Heartbeat "+hb.String()+" must be from 500ms to 15s")
 	}
 	// The least the loop takes is the least the client library takes: a
 	// loop it accepts must be able to subscribe.
-	await := runLoop(t, f.ctx, pull.Config{JetStream: f.js, Stream: f.stream, Consumer: f.consumer, Heartbeat: 500 * time.Millisecond})
+	await := runLoop(t, f.ctx, pull.Config{Stream: f.stream, Consumer: f.consumer, Heartbeat: 500 * time.Millisecond}, f.js)
 	f.publish("x")
 	await("x")
 }
 
-// runLoop runs a loop with cfg until the test ends; the function it returns
+// runLoop runs a loop with cfg over js until the test ends; the function it returns
 // waits up to 20 s for a message with body. Earlier messages may come
 // first: a durable created again delivers the stream from its start.
-func runLoop(t *testing.T, ctx context.Context, cfg pull.Config) (await func(body string)) {
+func runLoop(t *testing.T, ctx context.Context, cfg pull.Config, js jetstream.JetStream) (await func(body string)) {
 	t.Helper()
-	loop, err := pull.New(cfg)
+	loop, err := pull.New(cfg, js)
 	require.NoError(t, err)
 	got := make(chan string, 16)
 	runCtx, stop := context.WithCancel(ctx)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/status"
@@ -314,7 +313,7 @@ func TestTheRelayStreamsAsBatonRelay(t *testing.T) {
 		HeartbeatInterval: 50 * time.Millisecond,
 		SweepInterval:     time.Hour,
 		SweepAge:          time.Hour,
-	}, d.pool(t, "relay"), nc, zerolog.Nop())
+	}, d.pool(t, "relay"), nc)
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

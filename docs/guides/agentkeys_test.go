@@ -72,7 +72,7 @@ func TestTheAgentKeysGuidesVerifierAcceptsBatonsTokensOnly(t *testing.T) {
 	require.NoError(t, err)
 	keys, err := jwtauth.LoadPublicKeys(filepath.Join(dir, "agent.pub"))
 	require.NoError(t, err)
-	s, err := api.New(api.Config{Pool: testenv.Database(t).Pool, AgentKeys: keys})
+	s, err := api.New(api.Config{AgentKeys: keys}, testenv.Database(t).Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)

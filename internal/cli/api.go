@@ -99,7 +99,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		MaxContentBytes: c.MaxContentBytes,
 		Quotas:          c.apiQuotas(),
 		StreamRecheck:   c.StreamRecheck,
-		Log:             log,
+		Logger:          &log,
 		Registerer:      reg,
 	}), log)
 	if err != nil {
@@ -125,8 +125,8 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 	}
 	defer closeNATS()
 	registerNATSConnected(reg, nc)
-	cfg.JetStream, cfg.NATS, cfg.Events, cfg.Pool = js, nc, batonnats.EventsConfig{Replicas: c.Replicas}, pool
-	srv, err := api.New(cfg)
+	cfg.Events = batonnats.EventsConfig{Replicas: c.Replicas}
+	srv, err := api.New(cfg, pool, js)
 	if err != nil {
 		return err
 	}

@@ -153,15 +153,15 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	registerNATSConnected(reg, nc)
 	apiLog := env.Log.With().Str("component", "api").Logger()
 	apiCfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
-		Pool: pool, MaxContentBytes: c.MaxContentBytes, Log: apiLog,
+		MaxContentBytes: c.MaxContentBytes, Logger: &apiLog,
 		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck,
-		Registerer: reg, JetStream: js, NATS: nc, Events: batonnats.EventsConfig{Replicas: c.Replicas},
+		Registerer: reg, Events: batonnats.EventsConfig{Replicas: c.Replicas},
 	}), apiLog)
 	if err != nil {
 		return err
 	}
 	apiCfg.AgentKeys = agentKeys
-	srv, err := api.New(apiCfg)
+	srv, err := api.New(apiCfg, pool, js)
 	if err != nil {
 		return err
 	}
@@ -179,7 +179,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	g.Go(func() error { return serveHTTP(gctx, ln, srv.HTTPServer()) })
 	g.Go(func() error {
 		return RunStack(gctx, StackConfig{
-			Pool: pool, NATS: nc, Log: env.Log,
+			Logger: &env.Log,
 			Events: batonnats.EventsConfig{Replicas: c.Replicas},
 			Relay: relay.Config{
 				Stream: c.Stream.StreamConfig(), Slot: c.Slot, Publication: c.Publication,
@@ -189,7 +189,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 			// /tool.
 			Worker:     consumer.Config{Registerer: reg, Agent: consumer.Echo{Directives: true}},
 			PruneEvery: DefaultPruneEvery,
-		})
+		}, pool, nc)
 	})
 
 	envFile, dbShown, natsShown, err := c.writeDevEnv(dbURL, natsURL)

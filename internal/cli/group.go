@@ -63,10 +63,10 @@ func (f groupFlags) groupConfig(name string, stream batonnats.StreamConfig) (gro
 	return cfg, nil
 }
 
-// newGroup fills the connections into cfg and builds the group.
+// newGroup builds the group over pool and js, with log.
 func newGroup(cfg group.Config, pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) (*group.Group, error) {
-	cfg.Pool, cfg.JetStream, cfg.Logger = pool, js, &log
-	return group.New(cfg)
+	cfg.Logger = &log
+	return group.New(cfg, pool, js)
 }
 
 type groupRunCmd struct {

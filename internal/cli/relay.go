@@ -54,6 +54,7 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 		AckTimeout:           c.AckTimeout,
 		AllowRetentionShrink: c.AllowRetentionShrink,
 		Registerer:           reg,
+		Logger:               &log,
 	}.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return settingError(c, err)
@@ -84,7 +85,7 @@ func (c *relayCmd) Run(ctx context.Context, env *Env) error {
 	}
 	defer nc.Close()
 
-	r, err := relay.New(cfg, pool, nc, log)
+	r, err := relay.New(cfg, pool, nc)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/consumer"
@@ -50,7 +49,7 @@ func startOutbox(t *testing.T) *outbox {
 		Slot:          fmt.Sprintf("replay_%d_%d", os.Getpid(), slots.Add(1)),
 		SweepInterval: time.Hour,
 		SweepAge:      time.Hour,
-	}, o.db.Pool, nc, zerolog.Nop())
+	}, o.db.Pool, nc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -250,9 +249,9 @@ func TestReplayTurnsThroughTheRunningWorkerCreatesNoSecondReply(t *testing.T) {
 	o := startOutbox(t)
 	_, js := o.nats.Connect(t)
 	w, err := consumer.New(consumer.Config{
-		Pool: o.db.Pool, JetStream: js, Lease: 2 * time.Second, Debounce: consumer.NoDebounce,
+		Lease: 2 * time.Second, Debounce: consumer.NoDebounce,
 		BusyDelay: 50 * time.Millisecond, RetryDelay: 200 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
-	})
+	}, o.db.Pool, js)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

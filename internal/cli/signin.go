@@ -75,7 +75,7 @@ func apiSignIn(cmd any, f jwtFlags, origins []string, cfg api.Config, log zerolo
 	if err != nil {
 		return cfg, err
 	}
-	jwt.Log = log
+	jwt.Logger = &log
 	cfg.JWT, cfg.CORSOrigins = jwt, origins
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		return cfg, settingError(cmd, err)

@@ -19,42 +19,56 @@ import (
 )
 
 // StackConfig is the relay's and the worker's configuration for RunStack.
-// Pool, NATS and JetStream are filled into both.
+// It holds settings only: the pool and the NATS connection come to
+// RunStack, which gives them to both.
 type StackConfig struct {
-	Pool   *pgxpool.Pool
-	NATS   *natsclient.Conn
+	// Events is the conversation events stream the worker publishes to.
+	// Defaults to nats.EventsConfig's defaults.
 	Events batonnats.EventsConfig
-	Relay  relay.Config
+	// Relay configures the relay; its Logger is set from Logger. Defaults
+	// to relay.Config's defaults.
+	Relay relay.Config
+	// Worker configures the worker; its Logger is set from Logger.
+	// Defaults to consumer.Config's defaults.
 	Worker consumer.Config
-	Log    zerolog.Logger
+	// Logger receives the logs of the relay, the worker and the pruner,
+	// each under its component. Defaults to no logging.
+	Logger *zerolog.Logger
 	// PruneEvery, when positive, prunes by Retention that often while the
 	// relay holds its slot, as `baton relay` does; its metrics go to the
-	// relay's registerer.
+	// relay's registerer. Defaults to 0: no pruning.
 	PruneEvery time.Duration
-	Retention  schema.Retention
+	// Retention is what pruning keeps. Defaults to schema.Retention's
+	// defaults.
+	Retention schema.Retention
 }
 
-// RunStack runs the relay and a worker in one process over one PostgreSQL
-// pool and one NATS connection, until ctx ends or one fails: what `baton
-// dev` runs beside the API, and what end-to-end tests drive.
-func RunStack(ctx context.Context, cfg StackConfig) error {
-	js, err := jetstream.New(cfg.NATS)
+// RunStack runs the relay and a worker in one process over pool and nc,
+// both owned by the caller, until ctx ends or one fails: what `baton dev`
+// runs beside the API, and what end-to-end tests drive.
+func RunStack(ctx context.Context, cfg StackConfig, pool *pgxpool.Pool, nc *natsclient.Conn) error {
+	log := zerolog.Nop()
+	if cfg.Logger != nil {
+		log = *cfg.Logger
+	}
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	rl, err := relay.New(cfg.Relay, cfg.Pool, cfg.NATS, cfg.Log.With().Str("component", "relay").Logger())
+	rcfg := cfg.Relay
+	rlog := log.With().Str("component", "relay").Logger()
+	rcfg.Logger = &rlog
+	rl, err := relay.New(rcfg, pool, nc)
 	if err != nil {
 		return err
 	}
 	wcfg := cfg.Worker
-	wcfg.Pool = cfg.Pool
-	wcfg.JetStream = js
 	wcfg.Stream = cfg.Relay.Stream
-	wlog := cfg.Log.With().Str("component", "worker").Logger()
+	wlog := log.With().Str("component", "worker").Logger()
 	wcfg.Logger = &wlog
 	var events *consumer.EventPublisher
 	if wcfg.OnConversationEvent == nil {
-		if events, err = consumer.NewEventPublisher(js, cfg.Events, wlog); err != nil {
+		if events, err = consumer.NewEventPublisher(consumer.EventPublisherConfig{Events: cfg.Events, Logger: &wlog}, js); err != nil {
 			return err
 		}
 		wcfg.OnConversationEvent = events.Publish
@@ -67,7 +81,7 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 		if reg == nil {
 			reg = prometheus.NewRegistry()
 		}
-		p, err := newPruner(cfg.Pool, cfg.NATS, cfg.Relay.Stream.WithDefaults().Name, cfg.Retention, cfg.PruneEvery, reg, cfg.Log)
+		p, err := newPruner(pool, nc, cfg.Relay.Stream.WithDefaults().Name, cfg.Retention, cfg.PruneEvery, reg, log)
 		if err != nil {
 			return err
 		}
@@ -82,7 +96,7 @@ func RunStack(ctx context.Context, cfg StackConfig) error {
 		if err := waitForStream(gctx, js, cfg.Relay.Stream.WithDefaults().Name); err != nil {
 			return err
 		}
-		w, err := consumer.New(wcfg)
+		w, err := consumer.New(wcfg, pool, js)
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,7 +68,6 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if err := c.Stream.Check(); err != nil {
 		return settingError(c, err)
 	}
-	crashAt := os.Getenv(consumer.CrashEnv)
 	log := env.Log.With().Str("component", "worker").Logger()
 	defer startTracing(ctx, "worker", log)()
 	debounce := c.Debounce
@@ -95,8 +93,6 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		MaxTurnMessages:   c.MaxTurnMessages,
 		MaxToolIterations: c.MaxToolIterations,
 		TurnTimeout:       c.TurnTimeout,
-		CrashAt:           crashAt,
-		PauseAt:           os.Getenv(consumer.PauseEnv),
 		Logger:            &log,
 		Registerer:        reg,
 		ApprovalTTL:       c.ApprovalTTL,
@@ -163,7 +159,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if cfg.Stream, err = joinStream(ctx, js, c.StreamConfig(), log); err != nil {
 		return settingError(c, err)
 	}
-	events, err := consumer.NewEventPublisher(js, batonnats.EventsConfig{}, log)
+	events, err := consumer.NewEventPublisher(consumer.EventPublisherConfig{Logger: &log}, js)
 	if err != nil {
 		return err
 	}
@@ -175,17 +171,15 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		}
 		cfg.Agent = a
 	}
-	cfg.Pool, cfg.JetStream = pool, js
 	if mcpCfg != nil {
-		mcpCfg.DB = pool
-		m, err := agent.NewMCP(*mcpCfg)
+		m, err := agent.NewMCP(*mcpCfg, pool)
 		if err != nil {
 			return settingError(c, err)
 		}
 		defer m.Close()
 		cfg.ToolSource = m
 	}
-	w, err := consumer.New(cfg)
+	w, err := consumer.New(cfg, pool, js)
 	if err != nil {
 		return err
 	}

@@ -58,15 +58,15 @@ func startSDKStack(t *testing.T) *sdkStack {
 	a, err := agent.NewOpenAI(agent.Config{BaseURL: model.BaseURL(), Model: "test"})
 	require.NoError(t, err)
 	s.mail = agenttest.NewMCPServer(t)
-	mcp, err := agent.NewMCP(agent.MCPConfig{DB: s.db.Pool, Servers: []agent.MCPServer{{Name: "mail", URL: s.mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true})
+	mcp, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "mail", URL: s.mail.URL}}, Approve: []string{"mail"}, AllowPrivate: true}, s.db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mcp.Close() })
 	done := make(chan error, 1)
 	go func() {
-		done <- cli.RunStack(ctx, cli.StackConfig{Pool: s.db.Pool, NATS: nc,
+		done <- cli.RunStack(ctx, cli.StackConfig{
 			Relay:  relay.Config{Slot: "slot_" + s.db.Name, Publication: "pub_" + s.db.Name},
 			Worker: consumer.Config{Agent: a, ToolSource: mcp},
-		})
+		}, s.db.Pool, nc)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -75,7 +75,7 @@ func startSDKStack(t *testing.T) *sdkStack {
 	token, user, err := schema.CreateToken(ctx, s.db.Pool, "sdk")
 	require.NoError(t, err)
 	s.token, s.user = token, user.ID
-	srv, err := api.New(api.Config{Pool: s.db.Pool, JetStream: js, NATS: nc, MessagesPerMinute: 10000, MessageBurst: 1000})
+	srv, err := api.New(api.Config{MessagesPerMinute: 10000, MessageBurst: 1000}, s.db.Pool, js)
 	require.NoError(t, err)
 	s.api = httptest.NewServer(srv)
 	t.Cleanup(s.api.Close)

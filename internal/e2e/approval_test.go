@@ -48,7 +48,7 @@ func TestBrowserShowsACallThatWaitsForApprovalWithApproveAndDeny(t *testing.T) {
 		require.NoError(t, err)
 		c.Agent, c.ToolSource = a, source
 	})
-	m, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "mail", URL: hs.URL}}, Approve: []string{"all-writes"}, AllowPrivate: true, DB: p.db.Pool})
+	m, err := agent.NewMCP(agent.MCPConfig{Servers: []agent.MCPServer{{Name: "mail", URL: hs.URL}}, Approve: []string{"all-writes"}, AllowPrivate: true}, p.db.Pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	source.m.Store(m)

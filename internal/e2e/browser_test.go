@@ -81,10 +81,9 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 	stackDone := make(chan error, 1)
 	go func() {
 		stackDone <- cli.RunStack(ctx, cli.StackConfig{
-			Pool: db.Pool, NATS: nc,
 			Relay:  relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
 			Worker: wcfg,
-		})
+		}, db.Pool, nc)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -95,7 +94,7 @@ func startPage(t *testing.T, worker ...func(*consumer.Config, *natsclient.Conn))
 
 	token, _, err := schema.CreateToken(ctx, db.Pool, "browser")
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, StreamRecheck: 200 * time.Millisecond})
+	srv, err := api.New(api.Config{StreamRecheck: 200 * time.Millisecond}, db.Pool, js)
 	require.NoError(t, err)
 	p := &page{t: t, db: db, srv: srv, token: token}
 	p.artifact = artifactDir(t)

@@ -97,10 +97,9 @@ func TestBrowserOnAnAllowedOriginPostsAndStreamsWithAJWT(t *testing.T) {
 	stackDone := make(chan error, 1)
 	go func() {
 		stackDone <- cli.RunStack(ctx, cli.StackConfig{
-			Pool: db.Pool, NATS: nc,
 			Relay:  relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
 			Worker: consumer.Config{Agent: consumer.Echo{}, Debounce: 50 * time.Millisecond},
-		})
+		}, db.Pool, nc)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -111,8 +110,8 @@ func TestBrowserOnAnAllowedOriginPostsAndStreamsWithAJWT(t *testing.T) {
 
 	app, stranger := serveOrigin(t), serveOrigin(t)
 	secret := []byte(strings.Repeat("app-backend-secret-", 3))
-	srv, err := api.New(api.Config{Pool: db.Pool, JetStream: js, NATS: nc, CORSOrigins: []string{app},
-		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: "https://app.example/", Audience: "https://api.baton.test"}})
+	srv, err := api.New(api.Config{CORSOrigins: []string{app},
+		JWT: jwtauth.Config{HS256Secret: secret, HS256Issuer: "https://app.example/", Audience: "https://api.baton.test"}}, db.Pool, js)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

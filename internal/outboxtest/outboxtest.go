@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsclient "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/internal/testenv"
@@ -72,7 +71,7 @@ func SetupOn(t testing.TB, db *testenv.DB, nats *testenv.NATS) *Bundle {
 		Slot:          fmt.Sprintf("outboxtest_%d_%d", os.Getpid(), slotCounter.Add(1)),
 		SweepInterval: time.Hour,
 		SweepAge:      time.Hour,
-	}, b.DB.Pool, b.NC, zerolog.Nop())
+	}, b.DB.Pool, b.NC)
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -138,11 +138,11 @@ func TestOneMessageIsOneTraceAcrossTheBroker(t *testing.T) {
 	var logs testenv.SyncBuffer
 	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
 	w, err := consumer.New(consumer.Config{
-		Pool: b.DB.Pool, JetStream: b.JS, Stream: b.Stream, Agent: consumer.Echo{Directives: true},
+		Stream: b.Stream, Agent: consumer.Echo{Directives: true},
 		Lease: 5 * time.Second, Logger: &log,
-	})
+	}, b.DB.Pool, b.JS)
 	require.NoError(t, err)
-	g, err := group.New(group.Config{Name: group.AuditGroup, Handler: group.Audit, Pool: b.DB.Pool, JetStream: b.JS, Stream: b.Stream})
+	g, err := group.New(group.Config{Name: group.AuditGroup, Handler: group.Audit, Stream: b.Stream}, b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -157,7 +157,7 @@ func TestOneMessageIsOneTraceAcrossTheBroker(t *testing.T) {
 
 	token, _, err := schema.CreateToken(ctx, b.DB.Pool, "tracer")
 	require.NoError(t, err)
-	srv, err := api.New(api.Config{Pool: b.DB.Pool, JetStream: b.JS, NATS: b.NC})
+	srv, err := api.New(api.Config{}, b.DB.Pool, b.JS)
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
