@@ -25,8 +25,19 @@ type stepJournal interface {
 // replay goes on from the turn's journal: each journaled step is taken as
 // the agent answered it, with the results its calls have in the journal,
 // and the calls of the last one that have none are made now. The agent is
-// not asked again for any of them.
+// not asked again for any of them. The text the steps said is shown again
+// as one reset, which a client that saw it from an earlier run already
+// shows, and one that did not is given whole.
 func (l *loop) replay(ctx context.Context) error {
+	var said []string
+	shown := false
+	show := func() {
+		if !shown {
+			l.live.restore(strings.Join(said, paragraph))
+			shown = true
+		}
+	}
+	defer show()
 	for _, rec := range l.journaled {
 		var step Step
 		if err := json.Unmarshal(rec.Answer, &step); err != nil {
@@ -47,7 +58,9 @@ func (l *loop) replay(ctx context.Context) error {
 			}
 			step.Results = append(step.Results, res)
 		}
-		l.live.commit(step.Text)
+		if step.Text != "" {
+			said = append(said, step.Text)
+		}
 		if len(step.Results) == len(step.Calls) {
 			l.steps = append(l.steps, step)
 			continue
@@ -58,6 +71,7 @@ func (l *loop) replay(ctx context.Context) error {
 		if j, ok := l.exec.(stepJournal); ok {
 			j.atStep(rec.Step)
 		}
+		show()
 		if err := l.finish(ctx, step); err != nil {
 			return err
 		}
@@ -72,6 +86,11 @@ func (l *loop) replay(ctx context.Context) error {
 func (l *loop) journaledResult(c ToolCall, op schema.StepOperation, journaled bool) (ToolResult, bool, error) {
 	if !journaled {
 		// Never started (or refused before it was): made now.
+		return ToolResult{}, false, nil
+	}
+	if l.resume != nil && c.ID == l.resume.ToolCallID {
+		// The call a person decided on: the journal answers it by the
+		// decision, and shows it.
 		return ToolResult{}, false, nil
 	}
 	if op.Effect == EffectWrite && op.Status != "awaiting_approval" && op.Status != "denied" {
