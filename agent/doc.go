@@ -18,4 +18,10 @@
 // call is judged by its progress (Config.FirstByteTimeout,
 // Config.IdleTimeout), not its length. Each request fits
 // Config.ContextTokens, however long the conversation.
+//
+// External answers turns with an agent in another language served over
+// HTTP (AG-UI, or the AI SDK's chat route): a step function that the turn
+// runner drives, classified and retried the same way, each step posted
+// with a stable identity (its run id and Idempotency-Key). The wire
+// contract is docs/guides/agents.md.
 package agent

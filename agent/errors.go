@@ -70,13 +70,67 @@ var (
 	ErrContextBudget = errors.New("turn does not fit the context budget")
 )
 
-// refusals are the kinds that are also ErrModelRefused.
-var refusals = []error{ErrModelAuth, ErrModelNotFound, ErrUnsupported, ErrContextTooLong}
+// Sentinel errors of an external agent (External), classified the same
+// way: what another attempt cannot change is terminal; a busy agent asks
+// for a wait (a *RateLimitError of kind ErrRateLimited); an agent that
+// failed, timed out or could not be reached through the retries of the
+// attempt leaves the turn to another attempt. An empty answer is
+// ErrEmptyReply, as for the model.
+var (
+	// ErrAgentRefused: the agent refused the step (a 4xx other than 408,
+	// 425 and 429, or a redirect). It is also matched by ErrAgentAuth and
+	// ErrAgentNotFound.
+	ErrAgentRefused = errors.New("agent refused the step")
+	// ErrAgentAuth: the agent refused Baton's credentials (401) or denied
+	// it access (403).
+	ErrAgentAuth = errors.New("agent refused the credentials")
+	// ErrAgentNotFound: there is no agent at the URL (404).
+	ErrAgentNotFound = errors.New("agent not found")
+	// ErrAgentMalformed: the agent's answer is not a stream of its
+	// protocol's events (not server-sent events, a frame that is not
+	// JSON, an event without the fields it needs).
+	ErrAgentMalformed = errors.New("malformed agent answer")
+	// ErrAgentUnavailable: the agent kept failing (5xx), could not be
+	// reached, or its streams ended before the step did, through the
+	// retries of the attempt. Another attempt may succeed.
+	ErrAgentUnavailable = errors.New("agent unavailable")
+	// ErrAgentTimeout: the agent's answers kept making no progress (no
+	// first byte, or a pause too long) or ran past the cap of a step
+	// request, through the retries of the attempt.
+	ErrAgentTimeout = errors.New("agent timed out")
+	// ErrAgentFailed: the agent reported that its run failed (AG-UI
+	// RUN_ERROR, an AI SDK error or abort chunk) through the retries of
+	// the attempt.
+	ErrAgentFailed = errors.New("agent run failed")
+	// ErrStepTooLarge: the answer to one step was larger than
+	// ExternalConfig.MaxStepBytes.
+	ErrStepTooLarge = errors.New("agent step answer too large")
+	// ErrTooManyToolCalls: one step asked for more tool calls than
+	// ExternalConfig.MaxToolCalls.
+	ErrTooManyToolCalls = errors.New("agent step asked for too many tool calls")
+	// ErrInterrupted: the agent stopped the step to ask a person (an
+	// AG-UI interrupt, an AI SDK tool-approval-request). Returned as an
+	// *InterruptError.
+	ErrInterrupted = errors.New("agent asked for a person's decision")
+)
+
+// refusals are the precise refusals, each with the broader kind that
+// errors.Is matches too.
+var refusals = []struct{ kind, broader error }{
+	{ErrModelAuth, ErrModelRefused},
+	{ErrModelNotFound, ErrModelRefused},
+	{ErrUnsupported, ErrModelRefused},
+	{ErrContextTooLong, ErrModelRefused},
+	{ErrAgentAuth, ErrAgentRefused},
+	{ErrAgentNotFound, ErrAgentRefused},
+}
 
 // ModelError is a failed turn, with two texts: Message for the person who
 // runs Baton (what happened, and which setting to check), User for the
 // person who reads the conversation (short, naming no setting, flag,
-// server or secret). Neither ever holds the API key.
+// server or secret). Neither ever holds the API key, an external agent's
+// URL or a header value sent to it. An external agent's failures are
+// ModelErrors too, of the ErrAgent kinds.
 type ModelError struct {
 	// Kind is one of the sentinel errors above.
 	Kind error
@@ -112,6 +166,15 @@ var reasons = []struct {
 	{ErrModelTimeout, "model_timeout"},
 	{ErrBudgetExceeded, "budget_exceeded"},
 	{ErrContextBudget, "context_budget"},
+	{ErrAgentRefused, "agent_refused"},
+	{ErrAgentAuth, "agent_auth"},
+	{ErrAgentNotFound, "agent_not_found"},
+	{ErrAgentMalformed, "agent_malformed"},
+	{ErrAgentUnavailable, "agent_unavailable"},
+	{ErrAgentTimeout, "agent_timeout"},
+	{ErrAgentFailed, "agent_failed"},
+	{ErrStepTooLarge, "agent_step_too_large"},
+	{ErrTooManyToolCalls, "agent_too_many_tool_calls"},
 }
 
 // FailureReason names the kind of failure for the worker's metric
@@ -129,13 +192,13 @@ func (e *ModelError) FailureReason() string {
 // consumer.TerminalError).
 func (e *ModelError) UserText() string { return e.User }
 
-// Unwrap lets errors.Is match Kind (and ErrModelRefused for the precise
-// refusals) and the cause.
+// Unwrap lets errors.Is match Kind (and ErrModelRefused or
+// ErrAgentRefused for the precise refusals) and the cause.
 func (e *ModelError) Unwrap() []error {
 	out := []error{e.Kind}
 	for _, r := range refusals {
-		if e.Kind == r {
-			out = append(out, ErrModelRefused)
+		if e.Kind == r.kind {
+			out = append(out, r.broader)
 		}
 	}
 	if e.Cause != nil {
@@ -148,17 +211,17 @@ func (e *ModelError) Unwrap() []error {
 // way. The turn runner shows the error at once instead of retrying.
 func (e *ModelError) Terminal() bool {
 	switch e.Kind {
-	case ErrRateLimited, ErrModelUnavailable, ErrModelTimeout:
+	case ErrRateLimited, ErrModelUnavailable, ErrModelTimeout, ErrAgentUnavailable, ErrAgentTimeout, ErrAgentFailed:
 		return false
 	}
 	return true
 }
 
 // IsTerminal reports whether err ends a turn for good (see
-// ModelError.Terminal).
+// ModelError.Terminal and InterruptError.Terminal).
 func IsTerminal(err error) bool {
-	var me *ModelError
-	return errors.As(err, &me) && me.Terminal()
+	var t interface{ Terminal() bool }
+	return errors.As(err, &t) && t.Terminal()
 }
 
 // MaxRetryAfter caps the wait a RateLimitError asks for, whatever the
@@ -200,6 +263,21 @@ const (
 	userTimeout     = "The assistant's model stopped responding. Press Retry or send your message again."
 	userToolRounds  = "The assistant needed too many steps for this message and stopped. Try asking for less at a time."
 	userModelCalls  = "The assistant made too many model calls for this message and stopped. Press Retry or send your message again."
+)
+
+// The texts users read about an external agent's failures.
+const (
+	userAgentSetup       = "The assistant could not answer because its agent service is not set up correctly. An administrator needs to fix it."
+	userAgentAuth        = "The assistant could not answer because it is not allowed to use its agent service. An administrator needs to fix it."
+	userAgentMalformed   = "The assistant could not answer because it could not read its agent service's answers. An administrator needs to fix it."
+	userAgentBusy        = "The assistant's agent service is busy. Press Retry or send your message again in a minute."
+	userAgentUnavailable = "The assistant's agent service is not responding. Press Retry or send your message again later."
+	userAgentTimeout     = "The assistant's agent service stopped responding. Press Retry or send your message again."
+	userAgentFailed      = "The assistant's agent service failed while answering. Press Retry or send your message again."
+	userAgentEmpty       = "The assistant gave an empty answer. Try rephrasing your message."
+	userAgentTooLarge    = "The assistant's answer was longer than it may be, so it was stopped. Try asking for less at a time."
+	userAgentTooManyCall = "The assistant asked for more tool calls at once than it may make, so it was stopped. Try asking for less at a time."
+	userAgentInterrupt   = "The assistant stopped to ask for a decision, which it cannot ask for here yet. An administrator needs to fix it."
 )
 
 // keyLike matches what looks like an API key in a server's message, which

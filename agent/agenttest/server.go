@@ -3,7 +3,8 @@
 // (or a function of the request), streamed (server-sent events) when the
 // request asks for it and whole otherwise, with the faults real servers
 // have (error statuses, Retry-After, malformed bodies, streams cut, failed
-// or stalled), and records what it was sent.
+// or stalled), and records what it was sent. Agent is the same for an
+// external agent speaking AG-UI or the AI SDK's UI message stream.
 package agenttest
 
 import (
