@@ -325,8 +325,13 @@ func (s *externalStep) request(ctx context.Context) (*http.Request, error) {
 	hreq.Header.Set("Idempotency-Key", s.key)
 	s.token = ""
 	if s.cfg.Authorizer != nil {
+		// The token ends no later than the request may, nor than the
+		// turn's lease: past it another worker may own the turn.
 		deadline := time.Now().Add(s.cfg.Timeout)
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		if d, ok := consumer.LeaseDeadline(ctx); ok && d.Before(deadline) {
 			deadline = d
 		}
 		token, err := s.cfg.Authorizer.Authorize(ctx, s.req, deadline)

@@ -1,8 +1,10 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/batonhq/baton/schema"
@@ -37,8 +39,10 @@ func (t *turn) renewLease() func() {
 			switch {
 			case err == nil:
 				until = renewed
+				t.lease.set(renewed)
 			case errors.Is(err, schema.ErrStopRequested):
 				until = renewed
+				t.lease.set(renewed)
 				t.journal.stop()
 			case errors.Is(err, schema.ErrConversationDeleted), errors.Is(err, schema.ErrLeaseLost):
 				t.cancel(err)
@@ -61,4 +65,28 @@ func (t *turn) renewLease() func() {
 		once.Do(func() { close(stop) })
 		wg.Wait()
 	}
+}
+
+// leaseKey is the context key of a turn's lease deadline.
+type leaseKey struct{}
+
+// leaseDeadline is a turn's lease expiry as its renewals move it.
+type leaseDeadline struct{ unixNano atomic.Int64 }
+
+func (l *leaseDeadline) set(t time.Time) { l.unixNano.Store(t.UnixNano()) }
+
+// withLease gives ctx the turn's lease deadline.
+func withLease(ctx context.Context, l *leaseDeadline) context.Context {
+	return context.WithValue(ctx, leaseKey{}, l)
+}
+
+// LeaseDeadline is when the lease of the turn whose step ctx runs expires
+// unless it is renewed: a credential an agent is given for a step (a
+// token) should end no later. false outside a worker's turn.
+func LeaseDeadline(ctx context.Context) (time.Time, bool) {
+	l, ok := ctx.Value(leaseKey{}).(*leaseDeadline)
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.Unix(0, l.unixNano.Load()), true
 }

@@ -45,6 +45,7 @@ type turn struct {
 	// Set when the turn starts running.
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
+	lease   leaseDeadline
 	live    *liveRun
 	journal *journal
 }
@@ -122,7 +123,8 @@ func (t *turn) run() {
 // the turn's context and its tracking, once the turn ended.
 func (t *turn) start() (stopWatching, release func()) {
 	w, c := t.w, t.claim
-	ctx, cancel := context.WithCancelCause(trace.ContextWithSpan(w.hardCtx, t.span))
+	t.lease.set(c.LeaseExpiresAt)
+	ctx, cancel := context.WithCancelCause(withLease(trace.ContextWithSpan(w.hardCtx, t.span), &t.lease))
 	t.ctx, t.cancel = ctx, cancel
 	// The turn's wall-clock deadline: past it the attempt fails like any
 	// other failure, visibly once the attempts are used up.

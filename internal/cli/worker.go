@@ -3,14 +3,18 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/config"
+	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
 )
 
@@ -20,7 +24,7 @@ type workerCmd struct {
 	config.Stream   `embed:""`
 
 	Consumer          string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
-	Agent             string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), or openai (a model server speaking the OpenAI chat completions API)."`
+	Agent             string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai,ag-ui,ai-sdk" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), openai (a model server speaking the OpenAI chat completions API), ag-ui (an agent served over AG-UI at --agent-url), or ai-sdk (an AI SDK chat route at --agent-url). Baton drives the loop: an agent answers one step at a time and never runs Baton's tools itself."`
 	Debounce          time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"Quiet window of a burst: a turn starts at once, and a message that arrives within this long of the previous one supersedes the turn (unless it started a write), so a burst gets one reply. 0 turns it off."`
 	MaxAttempts       int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
 	Lease             time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
@@ -35,6 +39,7 @@ type workerCmd struct {
 	Session           bool            `name:"session" env:"BATON_SESSION" default:"true" negatable:"" help:"Hold a database session that tells other workers this one is alive, so that the turns of a worker that dies are taken over at once instead of after the lease; --no-session behind a pooler in transaction mode, which cannot keep a session."`
 	MetricsAddr       string          `name:"metrics-addr" env:"BATON_METRICS_ADDR" default:"" help:"Address to serve Prometheus metrics on /metrics, such as 127.0.0.1:9091. Default: not served."`
 	modelFlags        `embed:""`
+	externalFlags     `embed:""`
 	echoFlags         `embed:""`
 	mcpFlags          `embed:""`
 }
@@ -42,6 +47,25 @@ type workerCmd struct {
 // echoFlags configure --agent echo.
 type echoFlags struct {
 	EchoDirectives bool `name:"echo-directives" env:"BATON_ECHO_DIRECTIVES" help:"Make the echo agent obey /sleep, /fail and /tool lines, for development and tests; off, they are echoed as text. Never on a worker that strangers can reach through the API."`
+}
+
+// externalFlags configure --agent ag-ui and --agent ai-sdk: an agent in
+// any language, served over HTTP.
+type externalFlags struct {
+	AgentURL          string            `name:"agent-url" env:"BATON_AGENT_URL" setting:"URL" help:"URL Baton posts each step to, such as https://agent.example.com/api/agent; required with --agent ag-ui or ai-sdk. Never logged."`
+	AgentTimeout      time.Duration     `name:"agent-timeout" env:"BATON_AGENT_TIMEOUT" setting:"Timeout" help:"Cap of one step request, to the end of its stream; past it the step is retried. Defaults to ${agent_timeout}."`
+	AgentFirstByte    time.Duration     `name:"agent-first-byte-timeout" env:"BATON_AGENT_FIRST_BYTE_TIMEOUT" setting:"FirstByteTimeout" help:"Longest wait for the first byte of an agent's answer; past it the step is retried. Defaults to ${agent_first_byte}."`
+	AgentIdle         time.Duration     `name:"agent-idle-timeout" env:"BATON_AGENT_IDLE_TIMEOUT" setting:"IdleTimeout" help:"Longest pause in an agent's stream; past it the step is retried. Defaults to ${agent_idle}."`
+	AgentHeaders      map[string]string `name:"agent-header" env:"BATON_AGENT_HEADER" setting:"Headers" help:"Header sent with every step request, NAME=VALUE (repeatable), such as an API key the agent expects. Values are never logged; take them from files with --agent-header-file."`
+	AgentHeaderFiles  map[string]string `name:"agent-header-file" env:"BATON_AGENT_HEADER_FILE" help:"Header sent with every step request whose value is read from a file at start, NAME=FILE (repeatable)."`
+	AgentTLSCA        string            `name:"agent-tls-ca" env:"BATON_AGENT_TLS_CA" setting:"TLSCAFile" help:"PEM file of the CA that signed an https agent's certificate, beside the system's."`
+	AgentMaxInFlight  int               `name:"agent-max-in-flight" env:"BATON_AGENT_MAX_IN_FLIGHT" setting:"MaxInFlight" help:"Step requests in flight to the agent at once; more wait for a place. Defaults to ${agent_max_in_flight}."`
+	AgentMaxStepBytes int64             `name:"agent-max-step-bytes" env:"BATON_AGENT_MAX_STEP_BYTES" setting:"MaxStepBytes" help:"Bytes of one step's answer read at most; a larger answer fails the turn visibly. Defaults to ${agent_max_step_bytes}."`
+	AgentMaxToolCalls int               `name:"agent-max-tool-calls" env:"BATON_AGENT_MAX_TOOL_CALLS" setting:"MaxToolCalls" help:"Tool calls one step may ask for; more fail the turn visibly. Defaults to ${agent_max_tool_calls}."`
+	AgentThreadID     string            `name:"agent-thread-id" env:"BATON_AGENT_THREAD_ID" setting:"ThreadID" enum:"key,uuid" default:"key" help:"Thread id of the step requests: key (the conversation's server key) or uuid (a UUIDv5 of it, for agents such as LangGraph's that want UUIDs)."`
+	AgentAudience     string            `name:"agent-audience" env:"BATON_AGENT_AUDIENCE" setting:"Audience" help:"Audience (aud) of the tokens Baton signs for the agent. Defaults to the origin of --agent-url."`
+	AgentIssuer       string            `name:"agent-issuer" env:"BATON_AGENT_ISSUER" help:"Issuer (iss) of the tokens Baton signs for the agent. Defaults to ${agent_issuer}."`
+	AgentSigningKey   string            `name:"agent-signing-key" env:"BATON_AGENT_SIGNING_KEY" help:"Ed25519 private key (PEM) that signs each step request's token, which the agent verifies against the API's /.well-known/jwks.json (serve the public key with baton api --agent-public-key); required with --agent ag-ui or ai-sdk. Make one with baton agent-key create."`
 }
 
 // modelFlags configure --agent openai.
@@ -99,8 +123,8 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 	var mcpCfg *agent.MCPConfig
 	if c.mcpFlags.any() {
-		if c.Agent != "openai" && !c.EchoDirectives {
-			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need --agent openai, or the echo agent with --echo-directives (its /tool NAME__TOOL lines call them): without directives the echo agent calls no tools")}
+		if c.Agent == "echo" && !c.EchoDirectives {
+			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need an agent that calls tools (--agent openai, ag-ui or ai-sdk), or the echo agent with --echo-directives (its /tool NAME__TOOL lines call them): without directives the echo agent calls no tools")}
 		}
 		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
 		if err != nil {
@@ -115,27 +139,9 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if !c.Session {
 		cfg.SessionCheckInterval = consumer.NoSession
 	}
-	var agentCfg *agent.Config
-	if c.Agent == "openai" {
-		tools, err := agent.Builtins{HTTPGetAllow: c.ToolHTTPGetAllow, WebhookURL: c.ToolWebhookURL}.Registry()
-		if err != nil {
-			return &UsageError{Err: err}
-		}
-		alog := env.Log.With().Str("component", "agent").Logger()
-		ac := agent.Config{
-			BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
-			RequestTimeout: c.ModelTimeout, FirstByteTimeout: c.ModelFirstByte, IdleTimeout: c.ModelIdle,
-			DisableStreaming: !c.ModelStreaming, ContextTokens: c.ModelContext, MaxToolResultBytes: c.ModelToolResult,
-			MaxModelCalls: c.MaxModelCalls, Logger: &alog,
-		}
-		if err := ac.WithDefaults().Validate(); err != nil {
-			return settingError(c, err)
-		}
-		if err := ac.WithDefaults().CheckTools(tools.Specs()); err != nil {
-			return settingError(c, err)
-		}
-		agentCfg = &ac
-		cfg.Tools = tools.Tools()
+	var err error
+	if cfg.Agent, cfg.Tools, err = c.agentOf(env); err != nil {
+		return err
 	}
 	// Checked before connecting, so a wrong flag fails at once with its
 	// name.
@@ -164,13 +170,6 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	cfg.OnConversationEvent = events.Publish
-	if agentCfg != nil {
-		a, err := agent.NewOpenAI(*agentCfg)
-		if err != nil {
-			return &UsageError{Err: err}
-		}
-		cfg.Agent = a
-	}
 	if mcpCfg != nil {
 		m, err := agent.NewMCP(*mcpCfg, pool)
 		if err != nil {
@@ -205,4 +204,99 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 // connections. pool_max_conns in the URL overrides it.
 func workerPoolConns(concurrency int) int32 {
 	return int32(min(concurrency, 16))
+}
+
+// agentOf builds the worker's agent and the tools it may call (none for
+// the echo agent, which calls its own), checking every setting before
+// anything connects.
+func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
+	if c.Agent == "echo" {
+		return consumer.Echo{Directives: c.EchoDirectives}, nil, nil
+	}
+	tools, err := agent.Builtins{HTTPGetAllow: c.ToolHTTPGetAllow, WebhookURL: c.ToolWebhookURL}.Registry()
+	if err != nil {
+		return nil, nil, &UsageError{Err: err}
+	}
+	alog := env.Log.With().Str("component", "agent").Logger()
+	if c.Agent != "openai" {
+		a, err := c.external(&alog)
+		return a, tools.Tools(), err
+	}
+	ac := agent.Config{
+		BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
+		RequestTimeout: c.ModelTimeout, FirstByteTimeout: c.ModelFirstByte, IdleTimeout: c.ModelIdle,
+		DisableStreaming: !c.ModelStreaming, ContextTokens: c.ModelContext, MaxToolResultBytes: c.ModelToolResult,
+		MaxModelCalls: c.MaxModelCalls, Logger: &alog,
+	}
+	if err := ac.WithDefaults().Validate(); err != nil {
+		return nil, nil, settingError(c, err)
+	}
+	if err := ac.WithDefaults().CheckTools(tools.Specs()); err != nil {
+		return nil, nil, settingError(c, err)
+	}
+	a, err := agent.NewOpenAI(ac)
+	if err != nil {
+		return nil, nil, &UsageError{Err: err}
+	}
+	return a, tools.Tools(), nil
+}
+
+// external builds an agent served over HTTP (--agent ag-ui or ai-sdk),
+// whose every step request carries a token signed with the worker's key.
+func (c *workerCmd) external(log *zerolog.Logger) (consumer.Agent, error) {
+	switch {
+	case c.AgentURL == "":
+		return nil, &UsageError{Err: fmt.Errorf("--agent %s needs --agent-url (BATON_AGENT_URL): the URL Baton posts each step to", c.Agent)}
+	case c.AgentSigningKey == "":
+		return nil, &UsageError{Err: fmt.Errorf("--agent %s needs --agent-signing-key (BATON_AGENT_SIGNING_KEY): every step request carries a token signed with it, which the agent verifies; make a key with `baton agent-key create` and serve its public half with `baton api --agent-public-key`", c.Agent)}
+	}
+	headers, err := agentHeaders(c.AgentHeaders, c.AgentHeaderFiles)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	xc := agent.ExternalConfig{
+		Protocol: c.Agent, URL: c.AgentURL, Timeout: c.AgentTimeout, FirstByteTimeout: c.AgentFirstByte, IdleTimeout: c.AgentIdle,
+		Headers: headers, TLSCAFile: c.AgentTLSCA, MaxInFlight: c.AgentMaxInFlight, MaxStepBytes: c.AgentMaxStepBytes,
+		MaxToolCalls: c.AgentMaxToolCalls, ThreadID: c.AgentThreadID, Audience: c.AgentAudience, Logger: log,
+	}.WithDefaults()
+	if err := xc.Validate(); err != nil {
+		return nil, settingError(c, err)
+	}
+	key, err := jwtauth.LoadSigningKey(c.AgentSigningKey)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("--agent-signing-key: %w", err)}
+	}
+	xc.Authorizer = agent.StepSigner{Key: key, Issuer: c.AgentIssuer, Audience: xc.Audience}
+	x, err := agent.NewExternal(xc)
+	if err != nil {
+		return nil, settingError(c, err)
+	}
+	return x, nil
+}
+
+// maxHeaderFile bounds a header value read from a file.
+const maxHeaderFile = 16 << 10
+
+// agentHeaders are the headers of --agent-header and those whose values
+// --agent-header-file reads from files. A name given both ways is refused:
+// one of them would be ignored.
+func agentHeaders(values, files map[string]string) (map[string]string, error) {
+	out := map[string]string{}
+	for name, value := range values {
+		out[name] = value
+	}
+	for name, path := range files {
+		if _, both := out[name]; both {
+			return nil, fmt.Errorf("--agent-header and --agent-header-file both give header %s: keep one", name)
+		}
+		b, err := os.ReadFile(path)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("--agent-header-file %s: cannot read the file: %w", name, err)
+		case len(b) > maxHeaderFile:
+			return nil, fmt.Errorf("--agent-header-file %s: the file holds more than %d bytes, more than a header value", name, maxHeaderFile)
+		}
+		out[name] = strings.TrimRight(string(b), "\r\n")
+	}
+	return out, nil
 }
