@@ -23,6 +23,15 @@ type aguiInput struct {
 	Context         []any          `json:"context"`
 	State           map[string]any `json:"state"`
 	ForwardedProps  aguiForwarded  `json:"forwardedProps"`
+	// Resume answers the interrupts that ended the step before.
+	Resume []aguiResume `json:"resume,omitempty"`
+}
+
+// aguiResume is the answer to one interrupt.
+type aguiResume struct {
+	InterruptID string          `json:"interruptId"`
+	Status      string          `json:"status"`
+	Payload     json.RawMessage `json:"payload,omitempty"`
 }
 
 type aguiMessage struct {
@@ -143,6 +152,18 @@ func (agui) body(in stepInput) any {
 	}
 	for _, s := range req.Tools {
 		body.Tools = append(body.Tools, aguiTool{Name: s.Name, Description: s.Description, Parameters: toolSchema(s)})
+	}
+	if n := len(req.Steps); n > 0 {
+		// The run that continues from interrupts answers them: resolved
+		// with the person's answer, or cancelled when they declined or
+		// did not answer in time.
+		for _, q := range req.Steps[n-1].Questions {
+			r := aguiResume{InterruptID: q.ID, Status: "cancelled"}
+			if q.Status == schema.ApprovalApproved {
+				r.Status, r.Payload = "resolved", answerOf(q)
+			}
+			body.Resume = append(body.Resume, r)
+		}
 	}
 	return body
 }

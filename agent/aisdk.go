@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/schema"
 )
 
 // aisdk is the AI SDK's chat route (ProtocolAISDK): each step is posted
@@ -39,7 +40,8 @@ type uiStepStart struct {
 }
 
 // uiToolPart is a dynamic tool's part in state output-available or
-// output-error.
+// output-error, or, for a call of the agent's own that asked for
+// approval, approval-responded.
 type uiToolPart struct {
 	Type       string          `json:"type"`
 	ToolName   string          `json:"toolName"`
@@ -48,6 +50,14 @@ type uiToolPart struct {
 	Input      json.RawMessage `json:"input"`
 	Output     *string         `json:"output,omitempty"`
 	ErrorText  string          `json:"errorText,omitempty"`
+	Approval   *uiApproval     `json:"approval,omitempty"`
+}
+
+// uiApproval is a person's answer to a tool approval request.
+type uiApproval struct {
+	ID       string `json:"id"`
+	Approved bool   `json:"approved"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 type uiTool struct {
@@ -86,6 +96,19 @@ func (aisdk) body(in stepInput) any {
 					p.Output = &out
 				}
 				msg.Parts = append(msg.Parts, p)
+			}
+			for _, q := range s.Questions {
+				if q.ToolCallID == "" {
+					continue
+				}
+				// The call of the agent's own tool that asked for approval,
+				// with the person's answer: the agent runs it, or not.
+				a := &uiApproval{ID: q.ID, Approved: q.Status == schema.ApprovalApproved}
+				if q.Status == schema.ApprovalExpired {
+					a.Reason = "nobody approved it in time"
+				}
+				msg.Parts = append(msg.Parts, uiToolPart{Type: "dynamic-tool", ToolName: q.Tool, ToolCallID: q.ToolCallID,
+					State: "approval-responded", Input: inputOf(q.Arguments), Approval: a})
 			}
 		}
 		body.Messages = append(body.Messages, msg)

@@ -153,7 +153,10 @@ func (s *externalStep) finish(ans *answer, out consumer.Step) (consumer.Step, er
 	st := ans.step()
 	out.Text, out.Calls = st.Text, st.Calls
 	if len(ans.interrupts) > 0 {
-		return out, &InterruptError{Interrupts: ans.interrupted(), Step: out}
+		// Questions for a person: the turn waits for their answers, which
+		// go back to the agent with the next step.
+		out.Questions = questionsOf(ans.interrupted())
+		return out, nil
 	}
 	nothingYet := out.Text == "" && s.req.ReplySoFar() == ""
 	switch {

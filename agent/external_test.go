@@ -3,7 +3,6 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -387,7 +386,12 @@ func TestEventsAfterTheStepsEndAreNotRead(t *testing.T) {
 	})
 }
 
-func TestAnInterruptIsAnInterruptError(t *testing.T) {
+// TestAnInterruptIsAQuestionWhoseAnswerGoesBackWithTheNextStep: an AG-UI
+// interrupt (its 1.0 outcome, or the legacy CUSTOM event) and an AI SDK
+// tool approval request are the step's questions, not a failure; the
+// next step gives each answer back in its protocol's shape: AG-UI's
+// resume entries, the AI SDK's approval-responded tool part.
+func TestAnInterruptIsAQuestionWhoseAnswerGoesBackWithTheNextStep(t *testing.T) {
 	t.Parallel()
 	outcome := agenttest.JSON(map[string]any{"type": "RUN_FINISHED", "threadId": "t", "runId": "r", "outcome": map[string]any{
 		"type": "interrupt", "interrupts": []any{map[string]any{"id": "int_1", "reason": "tool_approval", "message": "May I?", "toolCallId": "call_w",
@@ -399,25 +403,50 @@ func TestAnInterruptIsAnInterruptError(t *testing.T) {
 	cases := []struct {
 		protocol string
 		frames   []string
-		want     agent.Interrupt
+		want     consumer.Question
+		answer   json.RawMessage
+		calls    int
 	}{
 		{agent.ProtocolAGUI, agenttest.Frames(agenttest.AGUIText("a", "Checking.", 4), agenttest.AGUIToolCall("call_w", "weather", `{"city":"Lima"}`), []string{outcome}),
-			agent.Interrupt{ID: "int_1", Reason: "tool_approval", Message: "May I?", ToolCallID: "call_w", Tool: "weather", Arguments: json.RawMessage(`{"city":"Lima"}`), ResponseSchema: json.RawMessage(`{"type":"object"}`)}},
-		{agent.ProtocolAGUI, legacy, agent.Interrupt{Reason: "on_interrupt", Message: "Approve the transfer?"}},
-		{agent.ProtocolAISDK, approval, agent.Interrupt{ID: "ap_1", Reason: "tool_approval", ToolCallID: "call_w", Tool: "weather", Arguments: json.RawMessage(`{"city":"Lima"}`)}},
+			consumer.Question{ID: "int_1", Reason: "tool_approval", Message: "May I?", ToolCallID: "call_w", Tool: "weather", Arguments: json.RawMessage(`{"city":"Lima"}`), ResponseSchema: json.RawMessage(`{"type":"object"}`)},
+			json.RawMessage(`{"ok":true}`), 1},
+		{agent.ProtocolAGUI, legacy, consumer.Question{Reason: "on_interrupt", Message: "Approve the transfer?"}, nil, 0},
+		{agent.ProtocolAISDK, approval, consumer.Question{ID: "ap_1", Reason: "tool_approval", ToolCallID: "call_w", Tool: "weather", Arguments: json.RawMessage(`{"city":"Lima"}`)}, nil, 1},
 	}
 	for _, c := range cases {
-		srv := agenttest.NewAgent(t, agenttest.AgentReply{Frames: c.frames})
-		_, err := stepOnce(context.Background(), newExternal(t, c.protocol, srv, nil), turnOf("q"), nil)
-		var ie *agent.InterruptError
-		require.True(t, errors.As(err, &ie), "%s: want an *InterruptError, got %v", c.protocol, err)
-		require.ErrorIs(t, err, agent.ErrInterrupted)
-		require.Equal(t, []agent.Interrupt{c.want}, ie.Interrupts)
-		require.True(t, consumer.IsTerminal(err), "another attempt would ask the same")
-		require.True(t, agent.IsTerminal(err))
-		require.Len(t, srv.Requests(), 1, "an interrupt is not retried")
-		require.Contains(t, err.Error(), "does not answer for external agents yet")
-		require.NotContains(t, userText(t, err), "BATON")
+		done := agenttest.AGUIRun(agenttest.AGUIText("b", "Done.", 8))
+		if c.protocol == agent.ProtocolAISDK {
+			done = agenttest.UIStream(agenttest.UIText("b", "Done.", 8))
+		}
+		srv := agenttest.NewAgent(t, agenttest.AgentReply{Frames: c.frames}, agenttest.AgentReply{Frames: done})
+		x := newExternal(t, c.protocol, srv, nil)
+		turn := turnOf("q")
+		st, err := stepOnce(context.Background(), x, turn, nil)
+		require.NoError(t, err, "%s: a question is not a failure", c.protocol)
+		require.Equal(t, []consumer.Question{c.want}, st.Questions)
+		require.Len(t, st.Calls, c.calls, "the call of a declared tool is Baton's, which asks the question before it runs it")
+		require.Len(t, srv.Requests(), 1, "a question is not retried")
+
+		st.Questions[0].Status, st.Questions[0].Answer = schema.ApprovalApproved, c.answer
+		_, err = x.Step(context.Background(), consumer.StepRequest{Turn: &turn, Index: 1, Steps: []consumer.Step{st}, Tools: []consumer.ToolSpec{weatherSpec}})
+		require.NoError(t, err)
+		next := srv.Requests()[1]
+		switch c.protocol {
+		case agent.ProtocolAGUI:
+			var body struct {
+				Resume []map[string]any `json:"resume"`
+			}
+			next.Decode(t, &body)
+			payload := any(map[string]any{"approved": true})
+			if c.answer != nil {
+				payload = map[string]any{"ok": true}
+			}
+			require.Equal(t, []map[string]any{{"interruptId": c.want.ID, "status": "resolved", "payload": payload}}, body.Resume)
+		case agent.ProtocolAISDK:
+			require.Contains(t, string(next.Body), `"state":"approval-responded"`)
+			require.Contains(t, string(next.Body), `"approval":{"id":"ap_1","approved":true}`)
+			require.Contains(t, string(next.Body), `"toolCallId":"call_w"`)
+		}
 	}
 }
 

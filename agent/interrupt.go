@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/schema"
 )
 
 // Interrupt is a question an external agent stopped its step to ask a
@@ -69,3 +70,25 @@ func (e *InterruptError) UserText() string { return userAgentInterrupt }
 
 // FailureReason names the failure for baton_turn_failures_total.
 func (e *InterruptError) FailureReason() string { return "agent_interrupt" }
+
+// questionsOf are an agent's interrupts as the turn runner asks them.
+func questionsOf(ins []Interrupt) []consumer.Question {
+	out := make([]consumer.Question, len(ins))
+	for i, in := range ins {
+		out[i] = consumer.Question{ID: in.ID, Reason: in.Reason, Message: in.Message, ToolCallID: in.ToolCallID,
+			Tool: in.Tool, Arguments: in.Arguments, ResponseSchema: in.ResponseSchema}
+	}
+	return out
+}
+
+// answerOf is what a person's decision on a question gives back to the
+// agent: the answer when they gave one, else whether they approved.
+func answerOf(q consumer.Question) json.RawMessage {
+	if len(q.Answer) > 0 {
+		return q.Answer
+	}
+	if q.Status == schema.ApprovalApproved {
+		return json.RawMessage(`{"approved":true}`)
+	}
+	return json.RawMessage(`{"approved":false}`)
+}

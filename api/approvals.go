@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -34,10 +35,18 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 // approvalDecision is the body of POST .../approvals/{id}.
 type approvalDecision struct {
 	Approved *bool `json:"approved"`
+	// Answer answers an agent's question (an approval of kind question):
+	// it must match the question's response_schema, and implies
+	// approved.
+	Answer json.RawMessage `json:"answer"`
 	// ArgumentsSHA256, when given, is the arguments_sha256 the client
 	// showed: the decision holds only for those arguments.
 	ArgumentsSHA256 string `json:"arguments_sha256"`
 }
+
+// maxDecisionBytes bounds the body of a decision: an answer to an agent's
+// question is a small JSON document.
+const maxDecisionBytes = 64 << 10
 
 // decideApproval records the user's answer and resumes the turn: any
 // worker claims it from the announcement committed with the decision.
@@ -52,15 +61,22 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var d approvalDecision
-	if !decodeJSON(w, r, 4<<10, false, &d) {
+	if !decodeJSON(w, r, maxDecisionBytes, false, &d) {
 		return
+	}
+	if len(d.Answer) > 0 && string(d.Answer) != "null" && d.Approved == nil {
+		yes := true
+		d.Approved = &yes
 	}
 	if d.Approved == nil {
-		writeError(w, http.StatusBadRequest, "bad_json", `field "approved" is required: send {"approved": true} or {"approved": false}`)
+		writeError(w, http.StatusBadRequest, "bad_json", `field "approved" is required: send {"approved": true} or {"approved": false}, or {"answer": ...} to answer an agent's question`)
 		return
 	}
+	if string(d.Answer) == "null" {
+		d.Answer = nil
+	}
 	user := userFrom(r.Context())
-	a, err := s.decide(r.Context(), user.ID, cid, id, schema.Decision{Approved: *d.Approved, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID})
+	a, err := s.decide(r.Context(), user.ID, cid, id, schema.Decision{Approved: *d.Approved, Answer: d.Answer, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID})
 	switch {
 	case errors.Is(err, schema.ErrNotFound) && a.ID == "":
 		// The conversation is someone else's or missing (then like any
@@ -74,6 +90,9 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, schema.ErrApprovalDecided):
 		writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
+		return
+	case errors.Is(err, schema.ErrAnswerInvalid):
+		writeError(w, http.StatusUnprocessableEntity, "answer_invalid", err.Error())
 		return
 	case errors.Is(err, schema.ErrArgumentsChanged):
 		writeError(w, http.StatusConflict, "arguments_changed", "the arguments of this call are not the ones shown for approval: reload the approvals and decide on what they show")

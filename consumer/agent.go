@@ -119,6 +119,12 @@ type Step struct {
 	// Results are the answers of Calls, one each, in order: set by the
 	// turn runner, for the steps after this one.
 	Results []ToolResult `json:"results,omitempty"`
+	// Questions are what the agent asks a person before it goes on (an
+	// AG-UI interrupt, an AI SDK tool approval request, an A2A task that
+	// needs input). The turn waits for each, holding nothing, after the
+	// step's calls ran; the answers go back to the agent with the next
+	// step.
+	Questions []Question `json:"questions,omitempty"`
 	// Truncated is set when the agent stopped before the end of its
 	// answer (a model that ran out of output tokens): the turn's reply is
 	// the text so far, stored and shown as cut off, and Calls (perhaps
@@ -127,6 +133,33 @@ type Step struct {
 	// Requests counts the requests the agent made for this step, retries
 	// included, for budgets that span a turn.
 	Requests int `json:"requests,omitempty"`
+}
+
+// Question is what an agent asks a person mid-turn.
+type Question struct {
+	// ID is the agent's id of the question; its answer goes back under it.
+	ID string `json:"id"`
+	// Reason is the agent's word for what it waits for.
+	Reason string `json:"reason,omitempty"`
+	// Message is what the agent says to the person.
+	Message string `json:"message,omitempty"`
+	// ToolCallID, Tool and Arguments are the call the question is about,
+	// when it is about one: a tool the agent runs itself and wants
+	// approved.
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	Tool       string          `json:"tool,omitempty"`
+	Arguments  json.RawMessage `json:"arguments,omitempty"`
+	// ResponseSchema is the JSON Schema of the answer the agent expects;
+	// without one, the answer is a yes or a no.
+	ResponseSchema json.RawMessage `json:"response_schema,omitempty"`
+	// Data is what the agent's protocol needs to give the answer back
+	// (an A2A task, say), kept with the question and never shown.
+	Data json.RawMessage `json:"data,omitempty"`
+	// Status and Answer are the person's decision, set by the turn
+	// runner once it is made: approved (with the answer, if the question
+	// expects one), denied, or expired.
+	Status string          `json:"status,omitempty"`
+	Answer json.RawMessage `json:"answer,omitempty"`
 }
 
 // ToolResult is the answer of one tool call.

@@ -18,14 +18,23 @@ var ErrNeedsApproval = errors.New("the call waits for a person's approval")
 // call, without asking the agent again, when the turn resumes.
 type Suspended struct {
 	State json.RawMessage
+	// Question, when set, is the agent's question the turn waits for (no
+	// call of Baton's waits), asked at step Step.
+	Question *Question
+	Step     int
 }
 
 func (s *Suspended) Error() string { return "the turn waits for a person's approval of a call" }
 
-// Resume is a turn that goes on from a call a person decided on.
+// Resume is a turn that goes on from a call a person decided on, or from
+// an agent's question a person answered.
 type Resume struct {
 	// ApprovalID is the approval's public id.
 	ApprovalID string
+	// QuestionID is the agent's id of the question, when the turn waited
+	// for one; Answer is the person's answer, if they gave one.
+	QuestionID string
+	Answer     json.RawMessage
 	// ToolCallID and Tool are the call that waited.
 	ToolCallID string
 	Tool       string
@@ -40,7 +49,11 @@ func resumeOf(r *schema.Resume) *Resume {
 	if r == nil {
 		return nil
 	}
-	return &Resume{ApprovalID: r.ApprovalID, ToolCallID: r.ToolCallID, Tool: r.Tool, Status: r.Status, State: r.State}
+	res := &Resume{ApprovalID: r.ApprovalID, ToolCallID: r.ToolCallID, Tool: r.Tool, Status: r.Status, State: r.State, Answer: r.Answer}
+	if r.Kind == schema.ApprovalKindQuestion && r.Question != nil {
+		res.QuestionID, res.ToolCallID = r.Question.ID, ""
+	}
+	return res
 }
 
 // DeniedError is the journal's answer to a resumed call that a person
@@ -88,16 +101,21 @@ type loopState struct {
 // upgrade.
 const loopStateVersion = 2
 
-// suspend stops the turn at the first call of step without a result.
-func (l *loop) suspend(step Step) error {
+// suspend stops the turn at the first call of step without a result, or
+// at the agent's question q.
+func (l *loop) suspend(step Step, q *Question) error {
 	st := loopState{Version: loopStateVersion, Text: l.live.text(), Steps: l.steps, Step: step}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("keep the turn's state for its approval: %w", err)
 	}
+	if q != nil {
+		l.log.Info().Str("question_id", q.ID).Str("reason", q.Reason).Msg("the agent asks a person; turn stops")
+		return &Suspended{State: b, Question: q, Step: len(l.steps)}
+	}
 	next := step.Calls[len(step.Results)]
 	l.log.Info().Str("tool", next.Tool).Str("tool_call_id", next.ID).Msg("call waits for approval; turn stops")
-	return &Suspended{State: b}
+	return &Suspended{State: b, Step: len(l.steps)}
 }
 
 // restore puts back what a stopped turn kept, and returns the step whose

@@ -123,6 +123,11 @@ var commitFinalize = func(ctx context.Context, w *Worker, f schema.Finalize) (sc
 func (t *turn) park(ctx context.Context, s *Suspended) {
 	w, c := t.w, t.claim
 	p := t.journal.parkRequest()
+	if q := s.Question; q != nil {
+		p = &schema.ApprovalRequest{ConversationID: c.ConversationID, RunID: c.RunID, Epoch: c.Epoch, Step: s.Step,
+			Question: &schema.Question{ID: q.ID, Reason: q.Reason, Message: q.Message, ToolCallID: q.ToolCallID, Tool: q.Tool,
+				Arguments: q.Arguments, ResponseSchema: q.ResponseSchema, Data: q.Data}}
+	}
 	if p == nil {
 		t.fail(ctx, errors.New("the turn stopped for an approval that the journal did not ask for"))
 		return
@@ -146,6 +151,9 @@ func (t *turn) park(ctx context.Context, s *Suspended) {
 	w.metrics.turnsFinished.WithLabelValues("waiting_for_approval").Inc()
 	ev := t.event(batonnats.EventWaitingForApproval, "")
 	ev.ApprovalID, ev.Tool, ev.ExpiresAt = out.ApprovalID, p.Operation.Tool, &out.ExpiresAt
+	if p.Question != nil {
+		ev.Tool = p.Question.Tool
+	}
 	w.emit(ev)
 	t.log.Info().Str("approval_id", out.ApprovalID).Str("tool", p.Operation.Tool).Time("expires_at", out.ExpiresAt).
 		Msg("turn waits for the approval of a call")

@@ -192,14 +192,17 @@ func (l *loop) runSteps(ctx context.Context) (Reply, error) {
 		case step.Truncated:
 			l.log.Info().Int("tool_calls_dropped", len(step.Calls)).Msg("reply cut off at the agent's output limit")
 			return Reply{Content: text, Truncated: true}, nil
-		case len(step.Calls) == 0 && text == "":
+		case len(step.Calls) == 0 && len(step.Questions) == 0 && text == "":
 			return Reply{}, emptyReplyError{}
-		case len(step.Calls) == 0:
+		case len(step.Calls) == 0 && len(step.Questions) == 0:
 			return Reply{Content: text}, nil
 		case index >= l.maxTools:
 			return Reply{}, &stepBudgetError{max: l.maxTools}
 		}
 		step.Calls, step.Results = l.identify(index, step.Calls), nil
+		for i := range step.Questions {
+			step.Questions[i].Status, step.Questions[i].Answer = "", nil
+		}
 		if j, ok := l.exec.(stepJournal); ok {
 			// Journaled before any of its calls is sent: a re-claim goes
 			// on from here instead of asking the agent again.
@@ -214,18 +217,36 @@ func (l *loop) runSteps(ctx context.Context) (Reply, error) {
 }
 
 // finish runs the calls of a step that have no result yet, in order, and
-// keeps the step. A call that waits for a person's approval stops the turn
-// there (*Suspended), with what it needs to go on from that call.
+// keeps the step once its questions are answered too. A call that waits
+// for a person's approval, or a question of the agent's without an
+// answer, stops the turn there (*Suspended), with what it needs to go on
+// from that point.
 func (l *loop) finish(ctx context.Context, step Step) error {
 	for i := len(step.Results); i < len(step.Calls); i++ {
+		if q := step.questionAbout(step.Calls[i].ID); q != nil {
+			// The agent asked a person about this call first: it runs
+			// only once they approved it.
+			if q.Status == "" {
+				return l.suspend(step, q)
+			}
+			if q.Status != schema.ApprovalApproved {
+				step.Results = append(step.Results, ToolResult{Error: (&DeniedError{Tool: step.Calls[i].Tool, Status: q.Status}).Error()})
+				continue
+			}
+		}
 		res, err := l.call(ctx, step.Calls[i])
 		if errors.Is(err, ErrNeedsApproval) {
-			return l.suspend(step)
+			return l.suspend(step, nil)
 		}
 		if err != nil {
 			return err
 		}
 		step.Results = append(step.Results, res)
+	}
+	for i := range step.Questions {
+		if step.Questions[i].Status == "" {
+			return l.suspend(step, &step.Questions[i])
+		}
 	}
 	l.steps = append(l.steps, step)
 	return nil
@@ -309,4 +330,14 @@ func (l *loop) check(c ToolCall) string {
 		}
 	}
 	return ""
+}
+
+// questionAbout is the step's question about its call id, or nil.
+func (s *Step) questionAbout(callID string) *Question {
+	for i := range s.Questions {
+		if q := &s.Questions[i]; q.ToolCallID != "" && q.ToolCallID == callID {
+			return q
+		}
+	}
+	return nil
 }

@@ -61,12 +61,13 @@ func (l *loop) replay(ctx context.Context) error {
 		if step.Text != "" {
 			said = append(said, step.Text)
 		}
-		if len(step.Results) == len(step.Calls) {
+		l.answered(&step, rec)
+		if len(step.Results) == len(step.Calls) && step.answered() {
 			l.steps = append(l.steps, step)
 			continue
 		}
 		if rec.Step != l.journaled[len(l.journaled)-1].Step {
-			return fmt.Errorf("journaled step %d has calls without an outcome, but later steps were journaled", rec.Step)
+			return fmt.Errorf("journaled step %d has calls without an outcome or questions without an answer, but later steps were journaled", rec.Step)
 		}
 		if j, ok := l.exec.(stepJournal); ok {
 			j.atStep(rec.Step)
@@ -119,4 +120,29 @@ func (l *loop) journaledResult(c ToolCall, op schema.StepOperation, journaled bo
 		return ToolResult{}, false, nil
 	}
 	return ToolResult{}, false, &OutcomeUnknownError{Tool: c.Tool, Err: fmt.Errorf("call %s of the turn's journal was sent and its outcome is unknown; it is not sent again", c.ID)}
+}
+
+// answered gives the questions of a journaled step the answers a person
+// gave: those the journal holds, and the one the turn resumes from.
+func (l *loop) answered(step *Step, rec schema.StepRecord) {
+	for i := range step.Questions {
+		q := &step.Questions[i]
+		if a, ok := rec.Answers[q.ID]; ok {
+			q.Status, q.Answer = a.Status, a.Answer
+		}
+		if r := l.resume; r != nil && r.QuestionID != "" && r.QuestionID == q.ID {
+			q.Status, q.Answer = r.Status, r.Answer
+			l.resume = nil
+		}
+	}
+}
+
+// answered reports whether every question of the step has its answer.
+func (s Step) answered() bool {
+	for _, q := range s.Questions {
+		if q.Status == "" {
+			return false
+		}
+	}
+	return true
 }

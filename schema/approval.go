@@ -52,15 +52,22 @@ func (e *ApprovalWaitError) Unwrap() error { return ErrWaitingForApproval }
 // read back from the journal is the hash they were stored with.
 const argumentsHashSQL = `encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex')`
 
-// ApprovalRequest is a turn stopped at a call that needs a person's approval.
+// ApprovalRequest is a turn stopped at a call that needs a person's
+// approval, or at a question its agent asked a person.
 type ApprovalRequest struct {
 	ConversationID string
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
 	// Operation is the call, journaled as awaiting approval; it is not
-	// sent until approved.
+	// sent until approved. Unused for a question.
 	Operation Operation
+	// Question, when set, is what the agent asked: the turn waits for a
+	// person's answer, and no call of Baton's waits. Epoch and Step place
+	// it in the turn's journal of steps.
+	Question *Question
+	Epoch    int
+	Step     int
 	// State is what the agent needs to resume the turn at this call
 	// without asking the model again.
 	State json.RawMessage
@@ -76,16 +83,16 @@ type Requested struct {
 	ExpiresAt       time.Time
 }
 
-// RequestApprovalTx stops a turn at a call that needs approval, in the caller's
-// transaction, fenced by the run's ownership: the call is journaled as
-// awaiting approval with its arguments and their hash, an approval row
-// keeps the agent's state, the conversation names that approval and is
-// released, the turn's rows go back to pending without the attempt
-// counting, and the run ends as waiting_for_approval. Nothing holds the
-// conversation while it waits: the decision announces the rows, and any
-// worker's claim resumes the turn from the approval. A run that was asked
-// to stop (StopTx) does not wait: ErrStopRequested, and nothing is
-// written.
+// RequestApprovalTx stops a turn at a call that needs approval, or at a
+// question its agent asked, in the caller's transaction, fenced by the
+// run's ownership: the call is journaled as awaiting approval with its
+// arguments and their hash, an approval row keeps the agent's state (or
+// the question), the conversation names that approval and is released,
+// the turn's rows go back to pending without the attempt counting, and
+// the run ends as waiting_for_approval. Nothing holds the conversation
+// while it waits: the decision announces the rows, and any worker's claim
+// resumes the turn from the approval. A run that was asked to stop
+// (StopTx) does not wait: ErrStopRequested, and nothing is written.
 func RequestApprovalTx(ctx context.Context, tx Executor, p ApprovalRequest) (Requested, error) {
 	var out Requested
 	var stop bool
@@ -103,32 +110,18 @@ func RequestApprovalTx(ctx context.Context, tx Executor, p ApprovalRequest) (Req
 		// and the call is never journaled, let alone sent.
 		return out, ErrStopRequested
 	}
-	op := p.Operation
-	err = tx.QueryRow(ctx, fmt.Sprintf(`
-		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key,
-			arguments, arguments_sha256, definition_sha256, status, turn_id, epoch, step)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, $9, 'awaiting_approval', nullif($10, ''),
-			CASE WHEN $10 = '' THEN NULL ELSE $11::integer END, CASE WHEN $10 = '' THEN NULL ELSE $12::integer END)
-		RETURNING id, arguments_sha256`, "$8"),
-		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey,
-		op.Arguments, op.DefinitionSHA256, op.TurnID, op.Epoch, op.Step).Scan(&out.OperationID, &out.ArgumentsSHA256)
-	if IsUniqueViolation(err) {
-		return out, fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
-	}
-	if err != nil {
-		return out, fmt.Errorf("park: journal the call: %w", err)
-	}
 	out.ApprovalID = "ap_" + uuid.Must(uuid.NewV7()).String()
 	var id int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO approvals (public_id, conversation_id, run_id, operation_id, turn_id, outbox_ids, tool, arguments,
-			arguments_sha256, definition_sha256, state, expires_at)
-		SELECT $1, $2, $3, o.id, $4, $5, o.tool, o.arguments, o.arguments_sha256, coalesce(o.definition_sha256, ''), $6,
-			clock_timestamp() + make_interval(secs => $7)
-		FROM operations o WHERE o.id = $8
-		RETURNING id, expires_at`,
-		out.ApprovalID, p.ConversationID, p.RunID, p.TurnID, p.OutboxIDs, p.State, p.TTL.Seconds(), out.OperationID).Scan(&id, &out.ExpiresAt); err != nil {
-		return out, fmt.Errorf("park: record the approval: %w", err)
+	what := ""
+	if p.Question != nil {
+		id, err = askTx(ctx, tx, p, &out)
+		what = "an answer to the agent's question"
+	} else {
+		id, err = requestCallTx(ctx, tx, p, &out)
+		what = fmt.Sprintf("a call of %q", p.Operation.Tool)
+	}
+	if err != nil {
+		return out, err
 	}
 	if _, err := tx.Exec(ctx, `
 		UPDATE conversations SET run_id = NULL, lease_expires_at = NULL, approval_id = $3, updated_at = now()
@@ -146,17 +139,56 @@ func RequestApprovalTx(ctx context.Context, tx Executor, p ApprovalRequest) (Req
 	}
 	if _, err := tx.Exec(ctx, `
 		UPDATE agent_runs SET status = 'waiting_for_approval', error = $2, finished_at = clock_timestamp() WHERE id = $1`,
-		p.RunID, fmt.Sprintf("waits for the approval %s of a call of %q", out.ApprovalID, op.Tool)); err != nil {
+		p.RunID, fmt.Sprintf("waits for the approval %s of %s", out.ApprovalID, what)); err != nil {
 		return out, fmt.Errorf("park: record run: %w", err)
 	}
 	return out, nil
 }
 
+// requestCallTx journals the call that waits as awaiting approval, and
+// records its approval.
+func requestCallTx(ctx context.Context, tx Executor, p ApprovalRequest, out *Requested) (int64, error) {
+	op := p.Operation
+	err := tx.QueryRow(ctx, fmt.Sprintf(`
+		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, tool_version, effect, idempotency_key,
+			arguments, arguments_sha256, definition_sha256, status, turn_id, epoch, step)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, `+argumentsHashSQL+`, $9, 'awaiting_approval', nullif($10, ''),
+			CASE WHEN $10 = '' THEN NULL ELSE $11::integer END, CASE WHEN $10 = '' THEN NULL ELSE $12::integer END)
+		RETURNING id, arguments_sha256`, "$8"),
+		op.RunID, op.ConversationID, op.ToolCallID, op.Tool, op.ToolVersion, string(op.Effect), op.IdempotencyKey,
+		op.Arguments, op.DefinitionSHA256, op.TurnID, op.Epoch, op.Step).Scan(&out.OperationID, &out.ArgumentsSHA256)
+	if IsUniqueViolation(err) {
+		return 0, fmt.Errorf("%w: %q in run %s; give each call its own id", ErrDuplicateToolCall, op.ToolCallID, op.RunID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("park: journal the call: %w", err)
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO approvals (public_id, conversation_id, run_id, operation_id, turn_id, outbox_ids, tool, arguments,
+			arguments_sha256, definition_sha256, state, expires_at)
+		SELECT $1, $2, $3, o.id, $4, $5, o.tool, o.arguments, o.arguments_sha256, coalesce(o.definition_sha256, ''), $6,
+			clock_timestamp() + make_interval(secs => $7)
+		FROM operations o WHERE o.id = $8
+		RETURNING id, expires_at`,
+		out.ApprovalID, p.ConversationID, p.RunID, p.TurnID, p.OutboxIDs, p.State, p.TTL.Seconds(), out.OperationID).Scan(&id, &out.ExpiresAt); err != nil {
+		return 0, fmt.Errorf("park: record the approval: %w", err)
+	}
+	return id, nil
+}
+
 // Resume is the decided approval a claimed turn resumes from.
 type Resume struct {
 	ApprovalID string
+	// Kind is ApprovalKindCall or ApprovalKindQuestion.
+	Kind string
 	// Status is approved, denied or expired.
-	Status           string
+	Status string
+	// Question and Answer are a question's (Kind question): what the
+	// agent asked, and the person's answer, when they gave one.
+	Question *Question
+	Answer   json.RawMessage
+	// The call's (Kind call).
 	OperationID      int64
 	ToolCallID       string
 	Tool             string
@@ -184,12 +216,25 @@ func resumeTx(ctx context.Context, tx Executor, approvalID int64) (*Resume, erro
 	r := &Resume{}
 	var expired bool
 	var expires time.Time
+	var operationID *int64
+	var question []byte
 	err := tx.QueryRow(ctx, `
-		SELECT a.public_id, a.status, a.expires_at, a.expires_at <= now(), a.operation_id, o.tool_call_id, a.tool,
-			a.arguments_sha256, a.definition_sha256, coalesce(o.idempotency_key, ''), a.state, a.outbox_ids, a.turn_id
-		FROM approvals a JOIN operations o ON o.id = a.operation_id
-		WHERE a.id = $1 FOR UPDATE OF a`, approvalID).Scan(&r.ApprovalID, &r.Status, &expires, &expired, &r.OperationID,
-		&r.ToolCallID, &r.Tool, &r.ArgumentsSHA256, &r.DefinitionSHA256, &r.IdempotencyKey, &r.State, &r.OutboxIDs, &r.TurnID)
+		SELECT a.public_id, a.kind, a.status, a.expires_at, a.expires_at <= now(), a.operation_id, coalesce(o.tool_call_id, ''), a.tool,
+			a.arguments_sha256, a.definition_sha256, coalesce(o.idempotency_key, ''), a.state, a.outbox_ids, a.turn_id,
+			a.question, a.answer
+		FROM approvals a LEFT JOIN operations o ON o.id = a.operation_id
+		WHERE a.id = $1 FOR UPDATE OF a`, approvalID).Scan(&r.ApprovalID, &r.Kind, &r.Status, &expires, &expired, &operationID,
+		&r.ToolCallID, &r.Tool, &r.ArgumentsSHA256, &r.DefinitionSHA256, &r.IdempotencyKey, &r.State, &r.OutboxIDs, &r.TurnID,
+		&question, &r.Answer)
+	if operationID != nil {
+		r.OperationID = *operationID
+	}
+	if err == nil && question != nil {
+		r.Question = &Question{}
+		if err = json.Unmarshal(question, r.Question); err != nil {
+			err = fmt.Errorf("the question of approval %s is not readable: %w", r.ApprovalID, err)
+		}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -321,8 +366,15 @@ func DenyOperation(ctx context.Context, db Executor, operationID int64, cause st
 
 // Approval is an approval as its user sees it.
 type Approval struct {
-	ID   string `json:"id"`
-	Tool string `json:"tool"`
+	ID string `json:"id"`
+	// Kind is call (a call of Baton's waits to be sent) or question (the
+	// agent asked a person).
+	Kind string `json:"kind"`
+	// Question is the agent's question (kind question).
+	Question *Question `json:"question,omitempty"`
+	// Answer is the person's answer to a question, once given.
+	Answer json.RawMessage `json:"answer,omitempty"`
+	Tool   string          `json:"tool"`
 	// ToolCallID is the model's id of the call (an AI SDK client's
 	// toolCallId).
 	ToolCallID      string          `json:"tool_call_id"`
@@ -339,17 +391,12 @@ type Approval struct {
 	TurnID          string  `json:"-"`
 }
 
-const approvalColumns = `a.public_id, a.tool,
+const approvalColumns = `a.public_id, a.kind, a.question, a.answer, a.tool,
 	coalesce((SELECT o.tool_call_id FROM operations o WHERE o.id = a.operation_id), ''), a.arguments, a.arguments_sha256,
 	CASE WHEN a.status = 'pending' AND a.expires_at <= now() THEN 'expired' ELSE a.status END,
 	a.created_at, a.expires_at, a.decided_at, a.conversation_id, a.outbox_ids, a.run_id, a.turn_id`
 
-func scanApproval(row pgx.Row) (Approval, error) {
-	var a Approval
-	err := row.Scan(&a.ID, &a.Tool, &a.ToolCallID, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
-		&a.ConversationKey, &a.OutboxIDs, &a.RunID, &a.TurnID)
-	return a, err
-}
+func scanApproval(row pgx.Row) (Approval, error) { return scanApprovalWith(row) }
 
 // ListApprovals returns the approvals of ownerID's conversation, newest
 // first, at most limit; ErrNotFound when ownerID has no such conversation.
@@ -371,7 +418,12 @@ func ListApprovals(ctx context.Context, db Executor, ownerID int64, conversation
 
 // Decision is a person's answer to an approval.
 type Decision struct {
+	// Approved is yes or no; for a question, yes with Answer answers it
+	// and no declines it.
 	Approved bool
+	// Answer is the answer to a question, checked against the schema the
+	// agent gave (see Question.ResponseSchema).
+	Answer json.RawMessage
 	// ArgumentsSHA256, when set, is the hash of the arguments the person
 	// was shown: the decision holds only for those.
 	ArgumentsSHA256 string
@@ -400,7 +452,7 @@ func DecideApprovalTx(ctx context.Context, tx Executor, ownerID int64, conversat
 	var status string
 	var expired, intact bool
 	a, err := scanApprovalWith(tx.QueryRow(ctx, `
-		SELECT a.id, a.operation_id, a.status, a.expires_at <= now(),
+		SELECT a.id, coalesce(a.operation_id, 0), a.status, a.expires_at <= now(),
 			coalesce(`+fmt.Sprintf(argumentsHashSQL, "o.arguments")+` = a.arguments_sha256 AND o.status = 'awaiting_approval', false),
 			`+approvalColumns+`
 		FROM approvals a LEFT JOIN operations o ON o.id = a.operation_id
@@ -413,6 +465,9 @@ func DecideApprovalTx(ctx context.Context, tx Executor, ownerID int64, conversat
 	}
 	if status != ApprovalPending {
 		return a, ErrApprovalDecided
+	}
+	if a.Kind == ApprovalKindQuestion {
+		return a, decideQuestionTx(ctx, tx, id, expired, &a, d)
 	}
 	switch {
 	case expired:
@@ -447,10 +502,58 @@ func DecideApprovalTx(ctx context.Context, tx Executor, ownerID int64, conversat
 	return a, nil
 }
 
+// decideQuestionTx records the answer to a question (checked against the
+// agent's schema), or that it was declined or expired, and announces the
+// turn's rows.
+func decideQuestionTx(ctx context.Context, tx Executor, id int64, expired bool, a *Approval, d Decision) error {
+	switch {
+	case expired:
+		if err := expireTx(ctx, tx, id, 0); err != nil {
+			return err
+		}
+		a.Status = ApprovalExpired
+	default:
+		if err := checkAnswer(a.Question, d); err != nil {
+			return err
+		}
+		a.Status = ApprovalDenied
+		if d.Approved {
+			a.Status, a.Answer = ApprovalApproved, d.Answer
+		}
+		if err := tx.QueryRow(ctx, `
+			UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, answer = $4 WHERE id = $1 RETURNING decided_at`,
+			id, a.Status, d.UserID, nullJSON(a.Answer)).Scan(&a.DecidedAt); err != nil {
+			return fmt.Errorf("decide approval: %w", err)
+		}
+	}
+	return AnnounceTx(ctx, tx, batonnats.ReasonUserRetry, a.OutboxIDs)
+}
+
+// nullJSON is nil for an empty JSON value, so that it is stored as NULL.
+func nullJSON(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return []byte(b)
+}
+
 func scanApprovalWith(row pgx.Row, lead ...any) (Approval, error) {
 	var a Approval
-	dest := append(lead, &a.ID, &a.Tool, &a.ToolCallID, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
+	var question []byte
+	dest := append(lead, &a.ID, &a.Kind, &question, &a.Answer, &a.Tool, &a.ToolCallID, &a.Arguments, &a.ArgumentsSHA256, &a.Status, &a.CreatedAt, &a.ExpiresAt, &a.DecidedAt,
 		&a.ConversationKey, &a.OutboxIDs, &a.RunID, &a.TurnID)
-	err := row.Scan(dest...)
-	return a, err
+	if err := row.Scan(dest...); err != nil {
+		return a, err
+	}
+	if question != nil {
+		a.Question = &Question{}
+		if err := json.Unmarshal(question, a.Question); err != nil {
+			return a, fmt.Errorf("the question of approval %s is not readable: %w", a.ID, err)
+		}
+		a.Question.Data = nil
+		if a.ToolCallID == "" {
+			a.ToolCallID = a.Question.ToolCallID
+		}
+	}
+	return a, nil
 }

@@ -245,7 +245,7 @@ func WaitingApproval(ctx context.Context, db Executor, conversationKey string, o
 	var rows []int64
 	var generation int
 	err := db.QueryRow(ctx, `
-		SELECT a.public_id, coalesce(o.tool_call_id, ''), a.tool, a.arguments::text, a.outbox_ids,
+		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text, a.outbox_ids,
 			(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))
 		FROM conversations c JOIN approvals a ON a.id = c.approval_id
 		LEFT JOIN operations o ON o.id = a.operation_id

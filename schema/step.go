@@ -26,6 +26,9 @@ type StepRecord struct {
 	// Operations are the step's calls that were journaled, by tool call
 	// ID.
 	Operations map[string]StepOperation
+	// Answers are the step's questions that a person decided, by the
+	// agent's question id.
+	Answers map[string]QuestionAnswer
 }
 
 // StepOperation is a journaled call of a step, as a re-claimed turn finds
@@ -129,6 +132,13 @@ func LoadSteps(ctx context.Context, db Executor, conversationID, turnID string, 
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load the turn's steps: %w", err)
+	}
+	answers, err := loadAnswers(ctx, db, conversationID, turnID, epoch)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Answers = answers[out[i].Step]
 	}
 	return out, nil
 }

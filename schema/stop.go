@@ -105,7 +105,7 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 func settleApprovalTx(ctx context.Context, tx Executor, approvalID, ownerID int64) (*Approval, bool, error) {
 	var operationID int64
 	a, err := scanApprovalWith(tx.QueryRow(ctx, `
-		SELECT a.operation_id, `+approvalColumns+` FROM approvals a WHERE a.id = $1 FOR UPDATE OF a`, approvalID), &operationID)
+		SELECT coalesce(a.operation_id, 0), `+approvalColumns+` FROM approvals a WHERE a.id = $1 FOR UPDATE OF a`, approvalID), &operationID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
