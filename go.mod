@@ -3,6 +3,7 @@ module github.com/batonhq/baton
 go 1.26.0
 
 require (
+	github.com/a2aproject/a2a-go/v2 v2.3.1
 	github.com/alecthomas/kong v1.17.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-jose/go-jose/v4 v4.1.9

@@ -109,9 +109,13 @@ var (
 	// ExternalConfig.MaxToolCalls.
 	ErrTooManyToolCalls = errors.New("agent step asked for too many tool calls")
 	// ErrInterrupted: the agent stopped the step to ask a person (an
-	// AG-UI interrupt, an AI SDK tool-approval-request). Returned as an
-	// *InterruptError.
+	// AG-UI interrupt, an AI SDK tool-approval-request, an A2A task that
+	// requires input). Returned as an *InterruptError.
 	ErrInterrupted = errors.New("agent asked for a person's decision")
+	// ErrAgentTaskFailed: an A2A agent ended the step's task as failed or
+	// canceled. Another attempt would find the same task (see A2A), so
+	// it is terminal; a user's explicit retry sends a new message.
+	ErrAgentTaskFailed = errors.New("agent task failed")
 )
 
 // refusals are the precise refusals, each with the broader kind that
@@ -175,6 +179,7 @@ var reasons = []struct {
 	{ErrAgentFailed, "agent_failed"},
 	{ErrStepTooLarge, "agent_step_too_large"},
 	{ErrTooManyToolCalls, "agent_too_many_tool_calls"},
+	{ErrAgentTaskFailed, "agent_task_failed"},
 }
 
 // FailureReason names the kind of failure for the worker's metric
@@ -278,6 +283,7 @@ const (
 	userAgentTooLarge    = "The assistant's answer was longer than it may be, so it was stopped. Try asking for less at a time."
 	userAgentTooManyCall = "The assistant asked for more tool calls at once than it may make, so it was stopped. Try asking for less at a time."
 	userAgentInterrupt   = "The assistant stopped to ask for a decision, which it cannot ask for here yet. An administrator needs to fix it."
+	userAgentRejected    = "The assistant's agent service declined to answer this message."
 )
 
 // keyLike matches what looks like an API key in a server's message, which

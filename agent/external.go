@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/batonhq/baton/consumer"
+	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/internal/telemetry"
 )
 
@@ -53,13 +54,14 @@ type External struct {
 
 var _ consumer.Agent = (*External)(nil)
 
-// NewExternal checks the configuration and returns the agent.
+// NewExternal checks the configuration and returns the agent. An A2A
+// agent (ProtocolA2A) is built by NewA2A.
 func NewExternal(cfg ExternalConfig) (*External, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	x := &External{cfg: cfg, client: cfg.HTTPClient, slots: make(chan struct{}, cfg.MaxInFlight),
+	x := &External{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight),
 		log: cfg.Logger.With().Str("protocol", cfg.Protocol).Logger()}
 	x.secrets = secretsOf(cfg)
 	switch cfg.Protocol {
@@ -67,29 +69,42 @@ func NewExternal(cfg ExternalConfig) (*External, error) {
 		x.codec = agui{}
 	case ProtocolAISDK:
 		x.codec = aisdk{}
+	default:
+		return nil, setting.Errorf("Protocol", fmt.Sprintf("%q", cfg.Protocol), "NewExternal builds %q and %q agents: build an A2A agent with NewA2A", ProtocolAGUI, ProtocolAISDK)
 	}
-	if x.client == nil {
-		transport := &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, MaxIdleConns: 100,
-			IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 10 * time.Second, ExpectContinueTimeout: time.Second}
-		if d, ok := http.DefaultTransport.(*http.Transport); ok {
-			transport = d.Clone()
-		}
-		transport.MaxIdleConnsPerHost = cfg.MaxInFlight
-		if cfg.TLSCAFile != "" {
-			pool, err := readCAs(cfg.TLSCAFile)
-			if err != nil {
-				return nil, err
-			}
-			transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		}
-		x.client = &http.Client{
-			Transport: transport,
-			// A redirect is answered as what it is: the headers (a
-			// key, a token) go to the configured URL alone.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
+	var err error
+	if x.client, err = httpClientOf(cfg); err != nil {
+		return nil, err
 	}
 	return x, nil
+}
+
+// httpClientOf is the client of an external agent's requests: the one
+// given, or one of its own that trusts TLSCAFile too and follows no
+// redirect.
+func httpClientOf(cfg ExternalConfig) (*http.Client, error) {
+	if cfg.HTTPClient != nil {
+		return cfg.HTTPClient, nil
+	}
+	transport := &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, MaxIdleConns: 100,
+		IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 10 * time.Second, ExpectContinueTimeout: time.Second}
+	if d, ok := http.DefaultTransport.(*http.Transport); ok {
+		transport = d.Clone()
+	}
+	transport.MaxIdleConnsPerHost = cfg.MaxInFlight
+	if cfg.TLSCAFile != "" {
+		pool, err := readCAs(cfg.TLSCAFile)
+		if err != nil {
+			return nil, err
+		}
+		transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{
+		Transport: transport,
+		// A redirect is answered as what it is: the headers (a key, a
+		// token) go to the configured URL alone.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}, nil
 }
 
 // Audience is who the agent's tokens are for (ExternalConfig.Audience).
@@ -113,18 +128,31 @@ func (x *External) Step(ctx context.Context, req consumer.StepRequest) (consumer
 	if err != nil {
 		return consumer.Step{}, fmt.Errorf("agent: encode the step request: %w", err)
 	}
-	s := &externalStep{External: x, req: req, key: key, body: body, live: req.Live,
-		log: x.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).
-			Int("step", req.Index).Str("step_key", key).Logger()}
-	if s.live == nil {
-		s.live = noLive{}
-	}
-	ans, err := s.run(ctx)
+	s := x.newStep(req, key, x.codec.endEvent())
+	s.body = body
+	var ans *answer
+	err = s.run(ctx, func(ctx context.Context) (err error) {
+		ans, err = s.post(ctx)
+		return err
+	})
 	out := consumer.Step{Requests: s.requests}
 	if err != nil {
 		return out, err
 	}
 	return s.finish(ans, out)
+}
+
+// newStep is the state of one step of req, whose key is key; end names
+// the event that ends an answer of the protocol.
+func (x *External) newStep(req consumer.StepRequest, key, end string) *externalStep {
+	turn := req.Turn
+	s := &externalStep{External: x, req: req, key: key, live: req.Live, end: end,
+		log: x.log.With().Str("conversation_id", turn.ConversationID).Str("run_id", turn.RunID).Str("turn_id", turn.TurnID).
+			Int("step", req.Index).Str("step_key", key).Logger()}
+	if s.live == nil {
+		s.live = noLive{}
+	}
+	return s
 }
 
 // noLive shows nothing, for a step asked for without a live reply.
@@ -141,6 +169,9 @@ type externalStep struct {
 	body []byte
 	live consumer.StepLive
 	log  zerolog.Logger
+	// end names the event that ends an answer, for the operator's text
+	// about a stream that ended without it.
+	end string
 	// requests counts the requests made, retries included.
 	requests int
 	// token is the bearer token of the request in flight, kept to take it
@@ -176,30 +207,31 @@ func (s *externalStep) finish(ans *answer, out consumer.Step) (consumer.Step, er
 	return out, nil
 }
 
-// run posts the step, retrying inside the attempt what may pass soon: a
-// 5xx, a 408 or 425, a lost connection, a stream cut short, a timeout, a
-// failure the agent reported, and a rate limit whose Retry-After is at
-// most MaxInlineRetryAfter, each with the same body, run id and
-// Idempotency-Key. A longer wait ends the attempt with a *RateLimitError
-// at once, so that the turn runner releases the turn instead of holding
-// its lease.
-func (s *externalStep) run(ctx context.Context) (*answer, error) {
+// run posts the step with post, retrying inside the attempt what may
+// pass soon: a 5xx, a 408 or 425, a lost connection, a stream cut short,
+// a timeout, a failure the agent reported, and a rate limit whose
+// Retry-After is at most MaxInlineRetryAfter, each with the same body,
+// run id and Idempotency-Key. A longer wait ends the attempt with a
+// *RateLimitError at once, so that the turn runner releases the turn
+// instead of holding its lease. post returns a *stepFault for a failure
+// that run judges.
+func (s *externalStep) run(ctx context.Context, post func(context.Context) error) error {
 	failed := 0
 	for {
 		s.requests++
-		ans, err := s.post(ctx)
+		err := post(ctx)
 		if err == nil {
-			return ans, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
 		var f *stepFault
 		if !errors.As(err, &f) {
-			return nil, err
+			return err
 		}
 		if f.terminal != nil {
-			return nil, f.terminal
+			return f.terminal
 		}
 		failed++
 		retries := max(s.cfg.MaxRetries, 0)
@@ -207,9 +239,9 @@ func (s *externalStep) run(ctx context.Context) (*answer, error) {
 		switch {
 		case f.hasRetryAfter && f.retryAfter > s.cfg.MaxInlineRetryAfter,
 			f.rateLimit && (!f.hasRetryAfter || failed > retries):
-			return nil, s.rateLimited(f, failed)
+			return s.rateLimited(f, failed)
 		case failed > retries:
-			return nil, s.exhausted(f, failed)
+			return s.exhausted(f, failed)
 		case f.hasRetryAfter:
 			wait = f.retryAfter
 		default:
@@ -222,7 +254,7 @@ func (s *externalStep) run(ctx context.Context) (*answer, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		case <-timer.C:
 		}
 	}
@@ -232,10 +264,22 @@ func (s *externalStep) run(ctx context.Context) (*answer, error) {
 // (see watch) and capped at Timeout. A failure comes back as a
 // *stepFault, or as the step's own context error.
 func (s *externalStep) post(ctx context.Context) (ans *answer, err error) {
+	err = s.call(ctx, func(callCtx context.Context, cancel context.CancelCauseFunc) error {
+		ans, err = s.stream(callCtx, cancel)
+		return err
+	})
+	return ans, err
+}
+
+// call runs do as one request of the step (a post, retried by run): it
+// waits for a place among MaxInFlight, opens the request's span, and
+// gives do a context capped at Timeout, which do's progress watch may
+// end sooner with cancel.
+func (s *externalStep) call(ctx context.Context, do func(callCtx context.Context, cancel context.CancelCauseFunc) error) (err error) {
 	select {
 	case s.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+		return context.Cause(ctx)
 	}
 	defer func() { <-s.slots }()
 
@@ -266,6 +310,11 @@ func (s *externalStep) post(ctx context.Context) (ans *answer, err error) {
 	defer stopCap()
 	callCtx, cancel := context.WithCancelCause(capCtx)
 	defer cancel(nil)
+	return do(callCtx, cancel)
+}
+
+// stream posts the step and reads the events of its answer.
+func (s *externalStep) stream(callCtx context.Context, cancel context.CancelCauseFunc) (*answer, error) {
 	hreq, err := s.request(callCtx)
 	if err != nil {
 		return nil, err
@@ -289,7 +338,7 @@ func (s *externalStep) post(ctx context.Context) (ans *answer, err error) {
 			return nil, s.malformed(malformedf("it answered with %q instead of server-sent events", truncate(ct, 80)))
 		}
 	}
-	ans = newAnswer(s.live, s.req.Tools, s.cfg.MaxToolCalls, &s.log)
+	ans := newAnswer(s.live, s.req.Tools, s.cfg.MaxToolCalls, &s.log)
 	dec := s.codec.decoder(ans)
 	events := newSSEReader(&capReader{r: body, max: s.cfg.MaxStepBytes})
 	for {
@@ -326,25 +375,39 @@ func (s *externalStep) request(ctx context.Context) (*http.Request, error) {
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
 	hreq.Header.Set("Idempotency-Key", s.key)
-	s.token = ""
-	if s.cfg.Authorizer != nil {
-		// The token ends no later than the request may, nor than the
-		// turn's lease: past it another worker may own the turn.
-		deadline := time.Now().Add(s.cfg.Timeout)
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-		if d, ok := consumer.LeaseDeadline(ctx); ok && d.Before(deadline) {
-			deadline = d
-		}
-		token, err := s.cfg.Authorizer.Authorize(ctx, s.req, deadline)
-		if err != nil {
-			return nil, fmt.Errorf("agent: make the token of the step request: %w", err)
-		}
-		s.token = token
+	token, err := s.authorize(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
 		hreq.Header.Set("Authorization", "Bearer "+token)
 	}
 	return hreq, nil
+}
+
+// authorize returns the bearer token of a request of the step from the
+// Authorizer, "" without one, and keeps it to take it out of what the
+// agent's error answers say.
+func (s *externalStep) authorize(ctx context.Context) (string, error) {
+	s.token = ""
+	if s.cfg.Authorizer == nil {
+		return "", nil
+	}
+	// The token ends no later than the request may, nor than the turn's
+	// lease: past it another worker may own the turn.
+	deadline := time.Now().Add(s.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if d, ok := consumer.LeaseDeadline(ctx); ok && d.Before(deadline) {
+		deadline = d
+	}
+	token, err := s.cfg.Authorizer.Authorize(ctx, s.req, deadline)
+	if err != nil {
+		return "", fmt.Errorf("agent: make the token of the step request: %w", err)
+	}
+	s.token = token
+	return token, nil
 }
 
 // secretsOf lists what an agent may echo of what it was sent that must

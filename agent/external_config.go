@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/a2aproject/a2a-go/v2/a2a"
 	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
@@ -25,6 +26,9 @@ const (
 	// ProtocolAISDK is the AI SDK's chat route: what useChat posts in, a
 	// UI message stream out.
 	ProtocolAISDK = "ai-sdk"
+	// ProtocolA2A is A2A 1.0 over JSON-RPC: an opaque agent that runs its
+	// own tools, one task per step (see A2A).
+	ProtocolA2A = "a2a"
 )
 
 // The ways of naming a conversation to an external agent (ThreadID).
@@ -67,10 +71,11 @@ type StepAuthorizer interface {
 // ExternalConfig configures an agent served over HTTP (External).
 type ExternalConfig struct {
 	// Protocol is what the agent speaks: ProtocolAGUI or ProtocolAISDK
-	// (--agent). Required.
+	// (NewExternal), or ProtocolA2A (NewA2A) (--agent). Required.
 	Protocol string
 	// URL is the agent's endpoint, path included, where each step is
-	// posted (BATON_AGENT_URL, --agent-url). It may hold credentials: it
+	// posted (BATON_AGENT_URL, --agent-url); for A2A, its JSON-RPC
+	// endpoint (the url of its JSONRPC interface in its agent card). It may hold credentials: it
 	// is never printed. Required.
 	URL string
 	// Timeout caps one step request, from the request to the last event,
@@ -108,7 +113,8 @@ type ExternalConfig struct {
 	MaxStepBytes int64
 	// MaxToolCalls caps the calls of declared tools one step may ask for
 	// (BATON_AGENT_MAX_TOOL_CALLS, --agent-max-tool-calls). A step past it
-	// fails the turn with ErrTooManyToolCalls. Defaults to 32.
+	// fails the turn with ErrTooManyToolCalls. An A2A agent is declared no
+	// tool and asks for none. Defaults to 32.
 	MaxToolCalls int
 	// MaxRetries is how many times one step request is retried inside the
 	// attempt after a 5xx, a 408 or 425, a lost connection, a stream that
@@ -135,7 +141,8 @@ type ExternalConfig struct {
 	RateLimitDelay time.Duration
 	// ThreadID is how the conversation is named to the agent: ThreadIDKey
 	// (its server key) or ThreadIDUUID (a UUIDv5 of it)
-	// (BATON_AGENT_THREAD_ID, --agent-thread-id). Defaults to ThreadIDKey.
+	// (BATON_AGENT_THREAD_ID, --agent-thread-id); an A2A agent gets it as
+	// the contextId. Defaults to ThreadIDKey.
 	ThreadID string
 	// Audience is who the agent's tokens are for: an Authorizer that signs
 	// tokens puts it in their aud claim. Defaults to the URL's origin
@@ -212,9 +219,9 @@ var reservedHeaders = []string{"Accept", "Content-Type", "Content-Length", "Idem
 // It reads TLSCAFile. No error quotes the URL or a header's value.
 func (c ExternalConfig) Validate() error {
 	switch c.Protocol {
-	case ProtocolAGUI, ProtocolAISDK:
+	case ProtocolAGUI, ProtocolAISDK, ProtocolA2A:
 	default:
-		return setting.Errorf("Protocol", fmt.Sprintf("%q", c.Protocol), "unknown: give %q or %q", ProtocolAGUI, ProtocolAISDK)
+		return setting.Errorf("Protocol", fmt.Sprintf("%q", c.Protocol), "unknown: give %q, %q or %q", ProtocolAGUI, ProtocolAISDK, ProtocolA2A)
 	}
 	u, err := url.Parse(c.URL)
 	switch {
@@ -266,7 +273,7 @@ func (c ExternalConfig) checkHeaders() error {
 			return setting.Errorf("Headers", fmt.Sprintf("%q", truncate(name, 64)), "not a header name: give letters, digits and -")
 		}
 		for _, r := range reservedHeaders {
-			if strings.EqualFold(name, r) {
+			if strings.EqualFold(name, r) || c.Protocol == ProtocolA2A && strings.EqualFold(name, a2a.SvcParamVersion) {
 				return setting.Errorf(field, "(not shown)", "Baton sets this header itself: leave it out")
 			}
 		}

@@ -57,7 +57,7 @@ func (s *externalStep) classify(callCtx context.Context, err error) *stepFault {
 	case errors.As(err, &rf):
 		return &stepFault{kind: ErrAgentFailed, what: s.redact(rf.what), cause: err}
 	case errors.Is(err, errStreamEnded):
-		return &stepFault{kind: ErrAgentUnavailable, what: "the stream ended before the step did (no " + s.codec.endEvent() + ")", cause: err}
+		return &stepFault{kind: ErrAgentUnavailable, what: "the stream ended before the step did (no " + s.end + ")", cause: err}
 	case errors.As(err, &tr):
 		what := "the connection failed: " + s.redact(tr.Error())
 		var cv *tls.CertificateVerificationError

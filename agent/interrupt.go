@@ -11,15 +11,15 @@ import (
 
 // Interrupt is a question an external agent stopped its step to ask a
 // person: an AG-UI interrupt (a RUN_FINISHED whose outcome is
-// "interrupt", or the legacy CUSTOM event on_interrupt) or an AI SDK
-// tool-approval-request.
+// "interrupt", or the legacy CUSTOM event on_interrupt), an AI SDK
+// tool-approval-request, or an A2A task in state INPUT_REQUIRED.
 type Interrupt struct {
-	// ID is the agent's id of the interrupt (an AI SDK approvalId); a
-	// resumed run answers it by this id.
+	// ID is the agent's id of the interrupt (an AI SDK approvalId, an
+	// A2A taskId); a resumed run answers it by this id.
 	ID string `json:"id"`
 	// Reason is the agent's word for what it waits for ("tool_approval"
 	// for an AI SDK approval request, "on_interrupt" for the legacy
-	// AG-UI event).
+	// AG-UI event, "input_required" for an A2A task).
 	Reason string `json:"reason"`
 	// Message is what the agent says to the person, if anything.
 	Message string `json:"message,omitempty"`
@@ -32,6 +32,11 @@ type Interrupt struct {
 	// ResponseSchema is the JSON Schema of the answer the agent expects,
 	// if it gave one.
 	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
+	// Metadata is what the answer needs besides ID, if anything: for an
+	// A2A task, "taskId" and "contextId", the task and the context that
+	// the answer (a new message) goes to. Not read from an AG-UI
+	// interrupt, whose own metadata is the agent's.
+	Metadata map[string]string `json:"-"`
 }
 
 // InterruptError ends a step whose agent stopped to ask a person for a

@@ -104,6 +104,18 @@ func (r StepRequest) ReplySoFar() string {
 	return strings.Join(parts, paragraph)
 }
 
+// StepAbandoned reports whether a step's context ended for good: the turn
+// was stopped, or newer messages superseded it (they are answered in a
+// turn of their own, with steps of other keys), so this step is never
+// posted again. An agent whose work outlives the request (an A2A task)
+// cancels it then. After any other end (a shutdown, a lost lease, the
+// turn's deadline) a later attempt posts the same step again and may take
+// that work up where it is.
+func StepAbandoned(ctx context.Context) bool {
+	cause := context.Cause(ctx)
+	return ctx.Err() != nil && (errors.Is(cause, ErrStopped) || errors.Is(cause, errSuperseded))
+}
+
 // paragraph separates the texts of a turn's steps in its reply.
 const paragraph = "\n\n"
 

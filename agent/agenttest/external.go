@@ -169,11 +169,18 @@ func (a *Agent) handle(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		a.inFlight--
-		a.mu.Unlock()
-	}()
+	// A request stops counting as in flight before the last of its
+	// answer goes out: its client may end it and send the next one
+	// before this handler returns.
+	var once sync.Once
+	finish := func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.inFlight--
+			a.mu.Unlock()
+		})
+	}
+	defer finish()
 	select {
 	case a.arrived <- struct{}{}:
 	default:
@@ -186,7 +193,7 @@ func (a *Agent) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"script exhausted"}`, http.StatusInternalServerError)
 		return
 	}
-	a.answer(w, r, reply)
+	a.answer(w, r, reply, finish)
 }
 
 // left reports the client's going away, and whether it went.
@@ -206,7 +213,7 @@ func (a *Agent) left(r *http.Request, d time.Duration) bool {
 	}
 }
 
-func (a *Agent) answer(w http.ResponseWriter, r *http.Request, reply AgentReply) {
+func (a *Agent) answer(w http.ResponseWriter, r *http.Request, reply AgentReply, finish func()) {
 	if reply.Hang {
 		a.left(r, -1)
 		return
@@ -228,6 +235,10 @@ func (a *Agent) answer(w http.ResponseWriter, r *http.Request, reply AgentReply)
 		}
 	}
 	w.Header().Set("Content-Type", contentType)
+	if reply.Body != "" || status != http.StatusOK {
+		// The client may be done once it has the status.
+		finish()
+	}
 	w.WriteHeader(status)
 	flusher := w.(http.Flusher)
 	flusher.Flush()
@@ -247,6 +258,9 @@ func (a *Agent) answer(w http.ResponseWriter, r *http.Request, reply AgentReply)
 			return
 		case n > 0 && reply.FrameDelay > 0 && a.left(r, reply.FrameDelay):
 			return
+		}
+		if n == len(reply.Frames)-1 {
+			finish()
 		}
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", frame); err != nil {
 			return

@@ -24,7 +24,7 @@ type workerCmd struct {
 	config.Stream   `embed:""`
 
 	Consumer          string          `name:"consumer" env:"BATON_CONSUMER" setting:"Consumer.Name" help:"Durable JetStream consumer shared by every worker of the group. Defaults to ${consumer}."`
-	Agent             string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai,ag-ui,ai-sdk" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), openai (a model server speaking the OpenAI chat completions API), ag-ui (an agent served over AG-UI at --agent-url), or ai-sdk (an AI SDK chat route at --agent-url). Baton drives the loop: an agent answers one step at a time and never runs Baton's tools itself."`
+	Agent             string          `name:"agent" env:"BATON_AGENT" default:"echo" enum:"echo,openai,ag-ui,ai-sdk,a2a" help:"Agent that answers turns: echo (replies echo: <content>; obeys /sleep, /fail and /tool lines with --echo-directives), openai (a model server speaking the OpenAI chat completions API), ag-ui (an agent served over AG-UI at --agent-url), ai-sdk (an AI SDK chat route at --agent-url), or a2a (an opaque agent speaking A2A 1.0 over JSON-RPC at --agent-url, which runs its own tools outside Baton's journal; one task per turn). Baton drives the loop: an agent answers one step at a time and never runs Baton's tools itself."`
 	Debounce          time.Duration   `name:"debounce" env:"BATON_DEBOUNCE" default:"${debounce}" setting:"Debounce" help:"Quiet window of a burst: a turn starts at once, and a message that arrives within this long of the previous one supersedes the turn (unless it started a write), so a burst gets one reply. 0 turns it off."`
 	MaxAttempts       int             `name:"max-attempts" env:"BATON_MAX_ATTEMPTS" setting:"MaxAttempts" help:"Attempts at a turn before a visible error ends it. Defaults to ${max_attempts}."`
 	Lease             time.Duration   `name:"lease" env:"BATON_LEASE" setting:"Lease" help:"How long a claim owns its conversation without renewal; a running turn renews it every third of it. Defaults to ${lease}."`
@@ -49,10 +49,10 @@ type echoFlags struct {
 	EchoDirectives bool `name:"echo-directives" env:"BATON_ECHO_DIRECTIVES" help:"Make the echo agent obey /sleep, /fail and /tool lines, for development and tests; off, they are echoed as text. Never on a worker that strangers can reach through the API."`
 }
 
-// externalFlags configure --agent ag-ui and --agent ai-sdk: an agent in
-// any language, served over HTTP.
+// externalFlags configure --agent ag-ui, ai-sdk and a2a: an agent in any
+// language, served over HTTP.
 type externalFlags struct {
-	AgentURL          string            `name:"agent-url" env:"BATON_AGENT_URL" setting:"URL" help:"URL Baton posts each step to, such as https://agent.example.com/api/agent; required with --agent ag-ui or ai-sdk. Never logged."`
+	AgentURL          string            `name:"agent-url" env:"BATON_AGENT_URL" setting:"URL" help:"URL Baton posts each step to, such as https://agent.example.com/api/agent (for a2a, the agent's JSON-RPC endpoint); required with --agent ag-ui, ai-sdk or a2a. Never logged."`
 	AgentTimeout      time.Duration     `name:"agent-timeout" env:"BATON_AGENT_TIMEOUT" setting:"Timeout" help:"Cap of one step request, to the end of its stream; past it the step is retried. Defaults to ${agent_timeout}."`
 	AgentFirstByte    time.Duration     `name:"agent-first-byte-timeout" env:"BATON_AGENT_FIRST_BYTE_TIMEOUT" setting:"FirstByteTimeout" help:"Longest wait for the first byte of an agent's answer; past it the step is retried. Defaults to ${agent_first_byte}."`
 	AgentIdle         time.Duration     `name:"agent-idle-timeout" env:"BATON_AGENT_IDLE_TIMEOUT" setting:"IdleTimeout" help:"Longest pause in an agent's stream; past it the step is retried. Defaults to ${agent_idle}."`
@@ -62,10 +62,10 @@ type externalFlags struct {
 	AgentMaxInFlight  int               `name:"agent-max-in-flight" env:"BATON_AGENT_MAX_IN_FLIGHT" setting:"MaxInFlight" help:"Step requests in flight to the agent at once; more wait for a place. Defaults to ${agent_max_in_flight}."`
 	AgentMaxStepBytes int64             `name:"agent-max-step-bytes" env:"BATON_AGENT_MAX_STEP_BYTES" setting:"MaxStepBytes" help:"Bytes of one step's answer read at most; a larger answer fails the turn visibly. Defaults to ${agent_max_step_bytes}."`
 	AgentMaxToolCalls int               `name:"agent-max-tool-calls" env:"BATON_AGENT_MAX_TOOL_CALLS" setting:"MaxToolCalls" help:"Tool calls one step may ask for; more fail the turn visibly. Defaults to ${agent_max_tool_calls}."`
-	AgentThreadID     string            `name:"agent-thread-id" env:"BATON_AGENT_THREAD_ID" setting:"ThreadID" enum:"key,uuid" default:"key" help:"Thread id of the step requests: key (the conversation's server key) or uuid (a UUIDv5 of it, for agents such as LangGraph's that want UUIDs)."`
+	AgentThreadID     string            `name:"agent-thread-id" env:"BATON_AGENT_THREAD_ID" setting:"ThreadID" enum:"key,uuid" default:"key" help:"Thread id of the step requests (an A2A agent's contextId): key (the conversation's server key) or uuid (a UUIDv5 of it, for agents such as LangGraph's that want UUIDs)."`
 	AgentAudience     string            `name:"agent-audience" env:"BATON_AGENT_AUDIENCE" setting:"Audience" help:"Audience (aud) of the tokens Baton signs for the agent. Defaults to the origin of --agent-url."`
 	AgentIssuer       string            `name:"agent-issuer" env:"BATON_AGENT_ISSUER" help:"Issuer (iss) of the tokens Baton signs for the agent. Defaults to ${agent_issuer}."`
-	AgentSigningKey   string            `name:"agent-signing-key" env:"BATON_AGENT_SIGNING_KEY" help:"Ed25519 private key (PEM) that signs each step request's token, which the agent verifies against the API's /.well-known/jwks.json (serve the public key with baton api --agent-public-key); required with --agent ag-ui or ai-sdk. Make one with baton agent-key create."`
+	AgentSigningKey   string            `name:"agent-signing-key" env:"BATON_AGENT_SIGNING_KEY" help:"Ed25519 private key (PEM) that signs each step request's token, which the agent verifies against the API's /.well-known/jwks.json (serve the public key with baton api --agent-public-key); required with --agent ag-ui, ai-sdk or a2a. Make one with baton agent-key create."`
 }
 
 // modelFlags configure --agent openai.
@@ -123,8 +123,11 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	}
 	var mcpCfg *agent.MCPConfig
 	if c.mcpFlags.any() {
-		if c.Agent == "echo" && !c.EchoDirectives {
+		switch {
+		case c.Agent == "echo" && !c.EchoDirectives:
 			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need an agent that calls tools (--agent openai, ag-ui or ai-sdk), or the echo agent with --echo-directives (its /tool NAME__TOOL lines call them): without directives the echo agent calls no tools")}
+		case c.Agent == agent.ProtocolA2A:
+			return &UsageError{Err: fmt.Errorf("--mcp-server and --mcp-command need an agent that calls Baton's tools (--agent openai, ag-ui or ai-sdk): an A2A agent runs its own tools, and Baton declares it none")}
 		}
 		mc, err := c.mcpFlags.config(env.Log.With().Str("component", "mcp").Logger(), reg)
 		if err != nil {
@@ -218,7 +221,13 @@ func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
 		return nil, nil, &UsageError{Err: err}
 	}
 	alog := env.Log.With().Str("component", "agent").Logger()
-	if c.Agent != "openai" {
+	switch c.Agent {
+	case agent.ProtocolA2A:
+		// An opaque agent: it runs its own tools, and Baton declares it
+		// none.
+		a, err := c.external(&alog)
+		return a, nil, err
+	case agent.ProtocolAGUI, agent.ProtocolAISDK:
 		a, err := c.external(&alog)
 		return a, tools.Tools(), err
 	}
@@ -241,8 +250,9 @@ func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
 	return a, tools.Tools(), nil
 }
 
-// external builds an agent served over HTTP (--agent ag-ui or ai-sdk),
-// whose every step request carries a token signed with the worker's key.
+// external builds an agent served over HTTP (--agent ag-ui, ai-sdk or
+// a2a), whose every step request carries a token signed with the worker's
+// key.
 func (c *workerCmd) external(log *zerolog.Logger) (consumer.Agent, error) {
 	switch {
 	case c.AgentURL == "":
@@ -267,6 +277,13 @@ func (c *workerCmd) external(log *zerolog.Logger) (consumer.Agent, error) {
 		return nil, &UsageError{Err: fmt.Errorf("--agent-signing-key: %w", err)}
 	}
 	xc.Authorizer = agent.StepSigner{Key: key, Issuer: c.AgentIssuer, Audience: xc.Audience}
+	if c.Agent == agent.ProtocolA2A {
+		a, err := agent.NewA2A(xc)
+		if err != nil {
+			return nil, settingError(c, err)
+		}
+		return a, nil
+	}
 	x, err := agent.NewExternal(xc)
 	if err != nil {
 		return nil, settingError(c, err)
