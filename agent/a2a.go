@@ -16,6 +16,7 @@ import (
 
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/internal/setting"
+	"github.com/batonhq/baton/schema"
 )
 
 // A2AVersion is the version of A2A that Baton speaks, sent as the header
@@ -66,8 +67,8 @@ const (
 //
 // A step that is never posted again (consumer.StepAbandoned: the turn was
 // stopped or superseded) cancels its task (CancelTask). A task that needs
-// a person's input (INPUT_REQUIRED) ends the step with an
-// *InterruptError; one that failed or was rejected fails the turn.
+// a person's input (INPUT_REQUIRED) ends the step with a
+// question for a person; one that failed or was rejected fails the turn.
 // Requests are retried, limited and authorized as for the other external
 // agents (ExternalConfig).
 type A2A struct {
@@ -140,6 +141,9 @@ type a2aStep struct {
 	contextID, messageID string
 	// sent is set once the message may have reached the agent.
 	sent bool
+	// answering is set when the message answers the question of the
+	// step before, on the task that asked it.
+	answering bool
 	// taskID is the agent's task of the message, once known.
 	taskID a2a.TaskID
 	// reply is what the post in flight, or the last one, read.
@@ -194,8 +198,14 @@ func (s *a2aStep) exchange(ctx context.Context) error {
 	s.sent = true
 	msg := &a2a.Message{ID: s.messageID, ContextID: s.contextID, Role: a2a.MessageRoleUser,
 		Metadata: map[string]any{"baton": s.props()}}
-	for _, m := range s.req.Turn.Messages {
-		msg.Parts = append(msg.Parts, a2a.NewTextPart(m.Content))
+	if task, text, ok := s.answer(); ok {
+		// The answer to the question the task asked goes to that task.
+		s.answering = true
+		msg.TaskID, msg.Parts = a2a.TaskID(task), []*a2a.Part{a2a.NewTextPart(text)}
+	} else {
+		for _, m := range s.req.Turn.Messages {
+			msg.Parts = append(msg.Parts, a2a.NewTextPart(m.Content))
+		}
 	}
 	s.log.Debug().Int("request", s.requests).Int("parts", len(msg.Parts)).Msg("agent step message")
 	return s.read(s.client.SendStreamingMessage(ctx, &a2a.SendMessageRequest{Message: msg}), "SendStreamingMessage")
@@ -292,6 +302,12 @@ func (s *a2aStep) event(ev a2a.Event) (end bool) {
 		end = true
 	case *a2a.Task:
 		s.taskID = e.ID
+		if s.answering {
+			// The task as it stood when it asked: its state and what it
+			// said then are the step before's. The updates that follow
+			// answer.
+			break
+		}
 		r.snapshot(e)
 		end = settled(e.Status.State)
 	case *a2a.TaskStatusUpdateEvent:
@@ -334,10 +350,11 @@ func (s *a2aStep) finish(out consumer.Step) (consumer.Step, error) {
 	}
 	switch r.state {
 	case a2a.TaskStateInputRequired:
-		return out, &InterruptError{Step: out, Interrupts: []Interrupt{{
-			ID: task, Reason: "input_required", Message: truncate(r.status, 2000),
-			Metadata: map[string]string{"taskId": task, "contextId": s.contextID},
-		}}}
+		// A question for a person: the turn waits for the answer, which
+		// the next step sends to the same task.
+		data, _ := json.Marshal(a2aQuestion{TaskID: task, ContextID: s.contextID})
+		out.Questions = []consumer.Question{{ID: task, Reason: "input_required", Message: truncate(r.status, 2000), Data: data}}
+		return out, nil
 	case a2a.TaskStateAuthRequired:
 		msg := fmt.Sprintf("the agent's task %s asks for authentication of its own (TASK_STATE_AUTH_REQUIRED%s), which Baton cannot give: give the agent the credentials its own tools need", task, said)
 		return out, &ModelError{Kind: ErrAgentAuth, Message: msg, User: userAgentAuth}
@@ -601,4 +618,39 @@ func (r *a2aReply) show() {
 		r.live.Text(text)
 	}
 	r.shown = text
+}
+
+// a2aQuestion is what an A2A question keeps to send its answer: the task
+// that asked.
+type a2aQuestion struct {
+	TaskID    string `json:"taskId"`
+	ContextID string `json:"contextId"`
+}
+
+// answer is the task the step's message answers and the answer's text,
+// when the step before asked a person for input: what they answered, or
+// that they declined.
+func (s *a2aStep) answer() (string, string, bool) {
+	n := len(s.req.Steps)
+	if n == 0 {
+		return "", "", false
+	}
+	for _, q := range s.req.Steps[n-1].Questions {
+		var aq a2aQuestion
+		if json.Unmarshal(q.Data, &aq) != nil || aq.TaskID == "" {
+			continue
+		}
+		switch {
+		case q.Status != schema.ApprovalApproved:
+			return aq.TaskID, "The user gave no answer to this question; go on without it.", true
+		case len(q.Answer) == 0:
+			return aq.TaskID, "yes", true
+		}
+		var text string
+		if json.Unmarshal(q.Answer, &text) == nil {
+			return aq.TaskID, text, true
+		}
+		return aq.TaskID, string(q.Answer), true
+	}
+	return "", "", false
 }

@@ -352,26 +352,36 @@ func TestStopCancelsTheAgentsTask(t *testing.T) {
 	require.Equal(t, a2a.TaskStateCanceled, tasks[0].Status.State, "the agent canceled the task")
 }
 
-func TestATaskThatRequiresInputIsAnInterruptWithTheAgentsQuestion(t *testing.T) {
+// TestATaskThatRequiresInputIsAQuestionWhoseAnswerGoesToTheTask: the
+// agent's question is the step's, not a failure; the next step sends the
+// person's answer as a message on the same task, which the agent then
+// completes: one task in all.
+func TestATaskThatRequiresInputIsAQuestionWhoseAnswerGoesToTheTask(t *testing.T) {
 	t.Parallel()
 	origin := startA2AAgent(t)
 	proxy := newA2AProxy(t, origin, nil)
 	a := newA2A(t, proxy, nil)
-	_, err := a.Step(context.Background(), consumer.StepRequest{Turn: a2aTurn("c_ask", "ask Which Lima do you mean, Peru or Ohio?")})
-	var ie *agent.InterruptError
-	require.ErrorAs(t, err, &ie)
-	require.ErrorIs(t, err, agent.ErrInterrupted)
-	require.True(t, consumer.IsTerminal(err))
-	require.Len(t, ie.Interrupts, 1)
-	in := ie.Interrupts[0]
+	turn := a2aTurn("c_ask", "ask Which Lima do you mean, Peru or Ohio?")
+	st, err := a.Step(context.Background(), consumer.StepRequest{Turn: turn})
+	require.NoError(t, err, "a question is not a failure")
+	require.Len(t, st.Questions, 1)
+	q := st.Questions[0]
 	tasks := tasksOf(t, origin, "c_ask")
 	require.Len(t, tasks, 1)
 	require.Equal(t, a2a.TaskStateInputRequired, tasks[0].Status.State)
-	require.Equal(t, agent.Interrupt{
-		ID: string(tasks[0].ID), Reason: "input_required", Message: "Which Lima do you mean, Peru or Ohio?",
-		Metadata: map[string]string{"taskId": string(tasks[0].ID), "contextId": "c_ask"},
-	}, in, "the question, and the task its answer goes to")
+	require.Equal(t, string(tasks[0].ID), q.ID)
+	require.Equal(t, "input_required", q.Reason)
+	require.Equal(t, "Which Lima do you mean, Peru or Ohio?", q.Message)
+	require.JSONEq(t, `{"taskId":"`+string(tasks[0].ID)+`","contextId":"c_ask"}`, string(q.Data), "the task its answer goes to")
 	require.Equal(t, []string{"ListTasks", "SendStreamingMessage"}, proxy.methods())
+
+	st.Questions[0].Status, st.Questions[0].Answer = schema.ApprovalApproved, json.RawMessage(`"reply Lima, Peru"`)
+	next, err := a.Step(context.Background(), consumer.StepRequest{Turn: turn, Index: 1, Steps: []consumer.Step{st}})
+	require.NoError(t, err)
+	require.Equal(t, "Lima, Peru", next.Text, "the agent read the answer")
+	tasks = tasksOf(t, origin, "c_ask")
+	require.Len(t, tasks, 1, "the answer went to the task that asked, not to a new one")
+	require.Equal(t, a2a.TaskStateCompleted, tasks[0].Status.State)
 }
 
 func TestATaskThatFailedOrWasRejectedFailsTheTurnAtOnce(t *testing.T) {

@@ -108,10 +108,6 @@ var (
 	// ErrTooManyToolCalls: one step asked for more tool calls than
 	// ExternalConfig.MaxToolCalls.
 	ErrTooManyToolCalls = errors.New("agent step asked for too many tool calls")
-	// ErrInterrupted: the agent stopped the step to ask a person (an
-	// AG-UI interrupt, an AI SDK tool-approval-request, an A2A task that
-	// requires input). Returned as an *InterruptError.
-	ErrInterrupted = errors.New("agent asked for a person's decision")
 	// ErrAgentTaskFailed: an A2A agent ended the step's task as failed or
 	// canceled. Another attempt would find the same task (see A2A), so
 	// it is terminal; a user's explicit retry sends a new message.
@@ -223,7 +219,7 @@ func (e *ModelError) Terminal() bool {
 }
 
 // IsTerminal reports whether err ends a turn for good (see
-// ModelError.Terminal and InterruptError.Terminal).
+// ModelError.Terminal).
 func IsTerminal(err error) bool {
 	var t interface{ Terminal() bool }
 	return errors.As(err, &t) && t.Terminal()
@@ -282,7 +278,6 @@ const (
 	userAgentEmpty       = "The assistant gave an empty answer. Try rephrasing your message."
 	userAgentTooLarge    = "The assistant's answer was longer than it may be, so it was stopped. Try asking for less at a time."
 	userAgentTooManyCall = "The assistant asked for more tool calls at once than it may make, so it was stopped. Try asking for less at a time."
-	userAgentInterrupt   = "The assistant stopped to ask for a decision, which it cannot ask for here yet. An administrator needs to fix it."
 	userAgentRejected    = "The assistant's agent service declined to answer this message."
 )
 

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"encoding/json"
-	"fmt"
-	"strings"
 
 	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/schema"
@@ -32,49 +30,7 @@ type Interrupt struct {
 	// ResponseSchema is the JSON Schema of the answer the agent expects,
 	// if it gave one.
 	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
-	// Metadata is what the answer needs besides ID, if anything: for an
-	// A2A task, "taskId" and "contextId", the task and the context that
-	// the answer (a new message) goes to. Not read from an AG-UI
-	// interrupt, whose own metadata is the agent's.
-	Metadata map[string]string `json:"-"`
 }
-
-// InterruptError ends a step whose agent stopped to ask a person for a
-// decision (see Interrupt). Baton does not yet turn an agent's question
-// into an approval, so the turn fails at once: it is terminal. It
-// unwraps to ErrInterrupted.
-type InterruptError struct {
-	// Interrupts are the questions, at least one.
-	Interrupts []Interrupt
-	// Step is what the step said before it stopped: its text and the
-	// calls of declared tools it asked for.
-	Step consumer.Step
-}
-
-func (e *InterruptError) Error() string {
-	reasons := make([]string, 0, len(e.Interrupts))
-	for _, in := range e.Interrupts {
-		r := in.Reason
-		if in.Tool != "" {
-			r += " of tool " + in.Tool
-		}
-		reasons = append(reasons, fmt.Sprintf("%q", truncate(r, 80)))
-	}
-	return fmt.Sprintf("the agent stopped the step to ask a person for a decision (%d interrupt(s): %s), which Baton does not answer for external agents yet: configure the agent to run without human-in-the-loop interrupts, or keep its approvals on tools that Baton declares and runs",
-		len(e.Interrupts), strings.Join(reasons, ", "))
-}
-
-// Unwrap makes errors.Is match ErrInterrupted.
-func (e *InterruptError) Unwrap() error { return ErrInterrupted }
-
-// Terminal reports that another attempt would stop at the same question.
-func (e *InterruptError) Terminal() bool { return true }
-
-// UserText is what the user reads (see consumer.TerminalError).
-func (e *InterruptError) UserText() string { return userAgentInterrupt }
-
-// FailureReason names the failure for baton_turn_failures_total.
-func (e *InterruptError) FailureReason() string { return "agent_interrupt" }
 
 // questionsOf are an agent's interrupts as the turn runner asks them.
 func questionsOf(ins []Interrupt) []consumer.Question {

@@ -69,19 +69,19 @@ class ScriptedAgent {
     const words = ctx.userMessage.parts.map((p) => (p.content?.$case === "text" ? p.content.value : "")).join("\n");
     const [verb, ...rest] = words.trim().split(/\s+/);
     const arg = rest.join(" ");
-    if (!ctx.task) {
-      bus.publish({
-        kind: "task",
-        data: {
-          id: ctx.taskId,
-          contextId: ctx.contextId,
-          status: { state: TaskState.TASK_STATE_SUBMITTED, message: undefined, timestamp: new Date().toISOString() },
-          artifacts: [],
-          history: [ctx.userMessage],
-          metadata: {},
-        },
-      });
-    }
+    // A stream begins with its task: a new one, or the one the message
+    // continues (the answer to a question it asked).
+    bus.publish({
+      kind: "task",
+      data: ctx.task ?? {
+        id: ctx.taskId,
+        contextId: ctx.contextId,
+        status: { state: TaskState.TASK_STATE_SUBMITTED, message: undefined, timestamp: new Date().toISOString() },
+        artifacts: [],
+        history: [ctx.userMessage],
+        metadata: {},
+      },
+    });
     bus.publish(status(ctx, TaskState.TASK_STATE_WORKING, "working on it"));
     switch (verb) {
       case "reply":
