@@ -59,7 +59,8 @@ ALTER TABLE operations ADD CONSTRAINT operations_status_check
 
 INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
   ('agent_steps', 'baton_worker', 'SELECT', NULL, 'LoadSteps: a re-claimed turn goes on from its journal'),
-  ('agent_steps', 'baton_worker', 'INSERT', NULL, 'RecordStepTx');
+  ('agent_steps', 'baton_worker', 'INSERT', NULL, 'RecordStepTx'),
+  ('users', 'baton_worker', 'SELECT', '{id,name}', 'the claim names the conversation''s owner, whom a step''s token is for');
 
 -- RetryFailedTx starts the turn's steps over; RegenerateTx too.
 UPDATE baton_grants SET columns = columns || '{epoch,steps_turn_id}'
@@ -72,6 +73,7 @@ SELECT baton_apply_grants();
 
 -- +goose Down
 DELETE FROM baton_grants WHERE object = 'agent_steps';
+DELETE FROM baton_grants WHERE object = 'users' AND role = 'baton_worker';
 UPDATE baton_grants SET columns = array_remove(array_remove(columns, 'epoch'), 'steps_turn_id')
 WHERE object = 'agent_outbox' AND role IN ('baton_api', 'baton_worker') AND privilege = 'UPDATE';
 UPDATE operations SET status = 'failed' WHERE status = 'unknown';

@@ -86,7 +86,7 @@ func TestWrongMCPSettingsAreRefusedWithTheFlagToFix(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"worker", "--mcp-server", "docs=https://mcp.example.com/mcp"}, "--mcp-server and --mcp-command need --agent openai"},
+		{[]string{"worker", "--mcp-server", "docs=https://mcp.example.com/mcp"}, "--mcp-server and --mcp-command need an agent that calls tools"},
 		{append(openai, "--mcp-server", "bad__name=https://mcp.example.com/mcp"), "--mcp-server / BATON_MCP_SERVERS bad__name"},
 		{append(openai, "--mcp-server", "docs=ftp://mcp.example.com/mcp"), "the URL of an MCP server is http:// or https://"},
 		{append(openai, "--mcp-server", "docs=https://user:hunter2secret@mcp.example.com/mcp"), "put no credentials in the URL"},
