@@ -102,7 +102,11 @@ func NewA2A(cfg ExternalConfig) (*A2A, error) {
 	}
 	watched.Transport = &a2aTransport{next: next}
 	x := &External{cfg: cfg, client: &watched, slots: make(chan struct{}, cfg.MaxInFlight),
-		log: cfg.Logger.With().Str("protocol", cfg.Protocol).Logger(), secrets: secretsOf(cfg)}
+		log: cfg.Logger.With().Str("protocol", cfg.Protocol).Logger(), secrets: secretsOf(cfg),
+		endpoint: EndpointOf(cfg.Protocol, cfg.URL)}
+	if x.metrics, err = newExternalMetrics(cfg.Registerer, cfg.Protocol); err != nil {
+		return nil, fmt.Errorf("agent: register the metrics of the A2A agent: %w", err)
+	}
 	client, err := a2aclient.NewFromEndpoints(context.Background(),
 		[]*a2a.AgentInterface{{URL: cfg.URL, ProtocolBinding: a2a.TransportProtocolJSONRPC, ProtocolVersion: A2AVersion}},
 		a2aclient.WithDefaultsDisabled(), a2aclient.WithJSONRPCTransport(&watched))

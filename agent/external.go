@@ -50,6 +50,9 @@ type External struct {
 	// secrets are what is taken out of any text of the agent's that
 	// Baton shows or logs: header values and the URL's credentials.
 	secrets []string
+	// endpoint names the agent, without a secret, to OnOutcome.
+	endpoint Endpoint
+	metrics  *externalMetrics
 }
 
 var _ consumer.Agent = (*External)(nil)
@@ -64,6 +67,12 @@ func NewExternal(cfg ExternalConfig) (*External, error) {
 	x := &External{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight),
 		log: cfg.Logger.With().Str("protocol", cfg.Protocol).Logger()}
 	x.secrets = secretsOf(cfg)
+	x.endpoint = EndpointOf(cfg.Protocol, cfg.URL)
+	metrics, err := newExternalMetrics(cfg.Registerer, cfg.Protocol)
+	if err != nil {
+		return nil, fmt.Errorf("agent: register the metrics of the external agent: %w", err)
+	}
+	x.metrics = metrics
 	switch cfg.Protocol {
 	case ProtocolAGUI:
 		x.codec = agui{}
@@ -72,7 +81,6 @@ func NewExternal(cfg ExternalConfig) (*External, error) {
 	default:
 		return nil, setting.Errorf("Protocol", fmt.Sprintf("%q", cfg.Protocol), "NewExternal builds %q and %q agents: build an A2A agent with NewA2A", ProtocolAGUI, ProtocolAISDK)
 	}
-	var err error
 	if x.client, err = httpClientOf(cfg); err != nil {
 		return nil, err
 	}
@@ -139,7 +147,9 @@ func (x *External) Step(ctx context.Context, req consumer.StepRequest) (consumer
 	if err != nil {
 		return out, err
 	}
-	return s.finish(ans, out)
+	out, err = s.finish(ans, out)
+	s.answered(err)
+	return out, err
 }
 
 // newStep is the state of one step of req, whose key is key; end names
@@ -177,6 +187,10 @@ type externalStep struct {
 	// token is the bearer token of the request in flight, kept to take it
 	// out of what the agent's error answers say.
 	token string
+	// sent is when the last request was sent, zero until it is; status
+	// is its answer's HTTP status, 0 until one came.
+	sent   time.Time
+	status int
 }
 
 // finish turns the answer into the step, or the error it calls for.
@@ -230,23 +244,28 @@ func (s *externalStep) run(ctx context.Context, post func(context.Context) error
 		if !errors.As(err, &f) {
 			return err
 		}
-		if f.terminal != nil {
-			return f.terminal
-		}
 		failed++
 		retries := max(s.cfg.MaxRetries, 0)
 		var wait time.Duration
+		var end error
 		switch {
+		case f.terminal != nil:
+			end = f.terminal
 		case f.hasRetryAfter && f.retryAfter > s.cfg.MaxInlineRetryAfter,
 			f.rateLimit && (!f.hasRetryAfter || failed > retries):
-			return s.rateLimited(f, failed)
+			end = s.rateLimited(f, failed)
 		case failed > retries:
-			return s.exhausted(f, failed)
+			end = s.exhausted(f, failed)
 		case f.hasRetryAfter:
 			wait = f.retryAfter
 		default:
 			wait = backoff(failed-1, s.cfg.RetryBaseDelay, s.cfg.MaxRetryDelay)
 		}
+		if end != nil {
+			s.failed(outcomeFailed, f)
+			return end
+		}
+		s.failed(outcomeRetried, f)
 		// The live reply drops what the failed request showed.
 		s.live.Retry()
 		s.log.Warn().Str("failure", f.what).Int("status_code", f.status).Int("retry", failed).Dur("wait", wait).Msg("agent step request failed; retrying")
@@ -282,6 +301,7 @@ func (s *externalStep) call(ctx context.Context, do func(callCtx context.Context
 		return context.Cause(ctx)
 	}
 	defer func() { <-s.slots }()
+	s.sent, s.status = time.Time{}, 0
 
 	// One span per request, retries included; never the content.
 	ctx, span := telemetry.Tracer().Start(ctx, "invoke_agent "+s.cfg.Protocol, trace.WithSpanKind(trace.SpanKindClient),
@@ -322,11 +342,16 @@ func (s *externalStep) stream(callCtx context.Context, cancel context.CancelCaus
 	s.log.Debug().Int("request", s.requests).Int("bytes", len(s.body)).Msg("agent step request")
 	w := newWatch(s.cfg.FirstByteTimeout, s.cfg.IdleTimeout, true, cancel)
 	defer w.stop()
+	inFlight := s.metrics.inFlight.WithLabelValues(s.cfg.Protocol)
+	inFlight.Inc()
+	defer inFlight.Dec()
+	s.sent = time.Now()
 	w.start()
 	res, err := s.client.Do(hreq)
 	if err != nil {
 		return nil, s.classify(callCtx, &transportError{err: err})
 	}
+	s.status = res.StatusCode
 	body := &watchedBody{rc: res.Body, w: w}
 	defer body.Close()
 	if res.StatusCode < 200 || res.StatusCode > 299 {
@@ -447,3 +472,6 @@ func (s *externalStep) redact(text string) string {
 	}
 	return detail(text, "")
 }
+
+// Endpoint names the agent without a secret, as `baton status` shows it.
+func (x *External) Endpoint() Endpoint { return x.endpoint }

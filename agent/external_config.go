@@ -13,6 +13,7 @@ import (
 
 	"github.com/a2aproject/a2a-go/v2/a2a"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/batonhq/baton/consumer"
@@ -159,6 +160,16 @@ type ExternalConfig struct {
 	// component (the worker's has component=agent). Defaults to no
 	// logging.
 	Logger *zerolog.Logger
+	// Registerer receives the agent's metrics (baton_agent_*), labelled
+	// with the protocol, never the URL. Defaults to a private registry.
+	Registerer prometheus.Registerer
+	// OnOutcome, when set, is told how each step request ended: answered,
+	// or failed and why (EndpointOutcome), for a record of whether the
+	// agent answers (EndpointRecorder.Observe). A request that Baton
+	// abandoned itself (a stopped turn, a lost lease, the turn's deadline)
+	// is left out. It is called on the step's goroutine and must not
+	// block. Defaults to none.
+	OnOutcome func(EndpointOutcome)
 }
 
 // WithDefaults returns a copy with every zero field set to its default.

@@ -25,6 +25,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/batonhq/baton/internal/testenv"
+	"github.com/batonhq/baton/jwtauth"
+	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -496,7 +498,7 @@ func TestDashboardAndAlertsAgainstRealProcesses(t *testing.T) {
 
 	t.Run("every series the dashboard and the alerts name is exported", func(t *testing.T) {
 		exported := map[string][]string{}
-		for _, p := range s.processes() {
+		for _, p := range append(s.processes(), startAgentWorker(t)) {
 			for n := range p.mustScrape(t).names() {
 				exported[n] = append(exported[n], p.name)
 			}
@@ -520,6 +522,25 @@ func TestDashboardAndAlertsAgainstRealProcesses(t *testing.T) {
 	t.Run("the alerts fire on the conditions they watch", func(t *testing.T) {
 		fireAlerts(t, tool, s)
 	})
+}
+
+// startAgentWorker starts a worker with an external agent (--agent
+// ag-ui), which exports the baton_agent_* series from its start, on a
+// database and NATS of its own: it takes no turn of the system's, and the
+// system's alerts never see it.
+func startAgentWorker(t *testing.T) *process {
+	t.Helper()
+	db, ns := testenv.Database(t), testenv.StartNATS(t)
+	_, js := ns.Connect(t)
+	_, _, err := batonnats.ProvisionStream(context.Background(), js, batonnats.StreamConfig{}, batonnats.ProvisionOptions{})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "agent-signing-key.pem")
+	_, err = jwtauth.CreateKeyPair(key, filepath.Join(dir, "agent-signing-key.pub"), false)
+	require.NoError(t, err)
+	env := []string{"BATON_DATABASE_URL=" + db.URL, "BATON_NATS_URL=" + ns.URL, "BATON_LOG_FORMAT=json"}
+	return start(t, testenv.BatonBinary(t), env, "agent-worker", "baton-worker", "worker",
+		"--agent", "ag-ui", "--agent-url", "http://"+freeAddr(t)+"/agent", "--agent-signing-key", key)
 }
 
 // fireAlerts creates the conditions of the alerts on the real processes
@@ -747,6 +768,91 @@ func TestTheSlotAlertFiresOnAStallWhileWALGrowsAndOnlyThen(t *testing.T) {
 	})
 	require.NoError(t, err)
 	f := filepath.Join(t.TempDir(), "slot_alert_test.yml")
+	require.NoError(t, os.WriteFile(f, b, 0o600))
+	out, err := exec.Command(tool, "test", "rules", f).CombinedOutput()
+	require.NoError(t, err, "promtool test rules:\n%s\n%s", b, out)
+}
+
+// TestTheAgentAlertFiresWhenMostStepRequestsFailAndOnlyThen feeds promtool
+// the series a worker with an external agent exports, a minute apart: an
+// agent that refuses every connection for ten minutes and then answers
+// again, and one that fails one request in seven. The alert fires after
+// five minutes of the first, clears once its answers outweigh its
+// failures, and never fires for the second.
+func TestTheAgentAlertFiresWhenMostStepRequestsFailAndOnlyThen(t *testing.T) {
+	t.Parallel()
+	tool := promtool(t)
+	var rule, ruleLabels map[string]string
+	for _, g := range readRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "BatonAgentFailing" {
+				rule, ruleLabels = r.Annotations, r.Labels
+			}
+		}
+	}
+	require.NotNil(t, rule, "the alert is in %s", alertsFile)
+	// Counters a minute apart: step per minute for the first minutes,
+	// then after per minute.
+	counter := func(step, after, minutes, switchAt int) string {
+		var vs []string
+		v := 0
+		for m := range minutes {
+			vs = append(vs, strconv.Itoa(v))
+			if m < switchAt {
+				v += step
+			} else {
+				v += after
+			}
+		}
+		return strings.Join(vs, " ")
+	}
+	const minutes = 30
+	labels := func(protocol, kind, value string) string {
+		return fmt.Sprintf(`{job="baton-worker", instance="worker", protocol=%q, %s=%q}`, protocol, kind, value)
+	}
+	input := []map[string]string{
+		// ag-ui: refused for 10 minutes (3 requests a minute, each failing), then answering.
+		{"series": "baton_agent_requests_total" + labels("ag-ui", "class", "transport"), "values": counter(3, 0, minutes, 10)},
+		{"series": "baton_agent_errors_total" + labels("ag-ui", "reason", "agent_unavailable"), "values": counter(3, 0, minutes, 10)},
+		{"series": "baton_agent_requests_total" + labels("ag-ui", "class", "2xx"), "values": counter(0, 60, minutes, 10)},
+		// ai-sdk: one 5xx, retried, in seven requests.
+		{"series": "baton_agent_requests_total" + labels("ai-sdk", "class", "2xx"), "values": counter(60, 60, minutes, 0)},
+		{"series": "baton_agent_requests_total" + labels("ai-sdk", "class", "5xx"), "values": counter(10, 10, minutes, 0)},
+		{"series": "baton_agent_errors_total" + labels("ai-sdk", "reason", "agent_unavailable"), "values": counter(10, 10, minutes, 0)},
+	}
+	ann := map[string]string{}
+	for k, v := range rule {
+		ann[k] = strings.ReplaceAll(v, "{{ $labels.protocol }}", "ag-ui")
+	}
+	firing := map[string]any{"exp_labels": map[string]string{"severity": ruleLabels["severity"], "protocol": "ag-ui"}, "exp_annotations": ann}
+	at := func(m int, alerts ...map[string]any) map[string]any {
+		if alerts == nil {
+			alerts = []map[string]any{}
+		}
+		return map[string]any{"eval_time": fmt.Sprintf("%dm", m), "alertname": "BatonAgentFailing", "exp_alerts": alerts}
+	}
+	abs, err := filepath.Abs(alertsFile)
+	require.NoError(t, err)
+	b, err := yaml.Marshal(map[string]any{
+		"rule_files":          []string{abs},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval":     "1m",
+			"input_series": input,
+			"alert_rule_test": []map[string]any{
+				// Failing since the first minute: pending, not firing yet.
+				at(4),
+				// Five minutes of failures.
+				at(8, firing),
+				// Answering again from minute 10: the 5-minute rate turns.
+				at(16),
+				// ai-sdk, failing one request in seven, never fires.
+				at(minutes - 1),
+			},
+		}},
+	})
+	require.NoError(t, err)
+	f := filepath.Join(t.TempDir(), "agent_alert_test.yml")
 	require.NoError(t, os.WriteFile(f, b, 0o600))
 	out, err := exec.Command(tool, "test", "rules", f).CombinedOutput()
 	require.NoError(t, err, "promtool test rules:\n%s\n%s", b, out)

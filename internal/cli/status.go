@@ -29,7 +29,7 @@ type statusCmd struct {
 	JSON          bool          `name:"json" help:"Print the report as JSON."`
 	MaxLag        int64         `name:"max-lag-bytes" env:"BATON_STATUS_MAX_LAG_BYTES" help:"Slot lag (bytes) above which the relay needs attention." default:"67108864"`
 	MaxPendingAge time.Duration `name:"max-pending-age" env:"BATON_RELAY_SWEEP_AGE" help:"Age of the oldest pending row above which it needs attention (the sweeper's age)." default:"${sweep_age}"`
-	StallAfter    time.Duration `name:"stall-after" env:"BATON_STATUS_STALL_AFTER" help:"How long the slot's confirmed position may stand still while WAL waits behind it, and a consumer of the stream may go without an acknowledgement while events wait for it, before either needs attention." default:"${stall_after}"`
+	StallAfter    time.Duration `name:"stall-after" env:"BATON_STATUS_STALL_AFTER" help:"How long the slot's confirmed position may stand still while WAL waits behind it, a consumer of the stream may go without an acknowledgement while events wait for it, and an external agent may fail every step request while workers still send them, before any needs attention." default:"${stall_after}"`
 	LeaseGrace    time.Duration `name:"lease-grace" env:"BATON_STATUS_LEASE_GRACE" help:"How long past its expiry a run may hold a conversation's lease before it needs attention (workers recover expired leases every half lease)." default:"${lease_grace}"`
 	// The API's sign-in, shown with its issuer's keys fetched.
 	jwtFlags `embed:""`

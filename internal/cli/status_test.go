@@ -144,7 +144,8 @@ type statusReport struct {
 		Expired int `json:"expired"`
 		Overdue int `json:"overdue"`
 	} `json:"leases"`
-	Attention []string `json:"attention"`
+	Agents    []schema.AgentEndpoint `json:"agents"`
+	Attention []string               `json:"attention"`
 }
 
 // status runs `baton status --json` on the stack.

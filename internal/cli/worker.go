@@ -142,8 +142,14 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if !c.Session {
 		cfg.SessionCheckInterval = consumer.NoSession
 	}
-	var err error
-	if cfg.Agent, cfg.Tools, err = c.agentOf(env); err != nil {
+	// An external agent's outcomes are taken from its first step, and
+	// written once the pool exists (and never on a step's way).
+	alog := env.Log.With().Str("component", "agent").Logger()
+	endpoints, err := agent.NewEndpointRecorder(agent.EndpointRecorderConfig{Logger: &alog})
+	if err != nil {
+		return err
+	}
+	if cfg.Agent, cfg.Tools, err = c.agentOf(&alog, reg, endpoints.Observe); err != nil {
 		return err
 	}
 	// Checked before connecting, so a wrong flag fails at once with its
@@ -185,6 +191,19 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if _, external := cfg.Agent.(*agent.External); external {
+		rctx, stopRecording := context.WithCancel(ctx)
+		recorded := make(chan struct{})
+		go func() {
+			defer close(recorded)
+			_ = endpoints.Run(rctx, pool)
+		}()
+		// Stopped before the pool closes: its last records go out first.
+		defer func() {
+			stopRecording()
+			<-recorded
+		}()
+	}
 
 	if c.MetricsAddr != "" {
 		stop, err := serveMetrics(c.MetricsAddr, reg, log)
@@ -211,8 +230,9 @@ func workerPoolConns(concurrency int) int32 {
 
 // agentOf builds the worker's agent and the tools it may call (none for
 // the echo agent, which calls its own), checking every setting before
-// anything connects.
-func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
+// anything connects. An external agent's metrics go to reg, and the
+// outcome of each of its step requests to onOutcome.
+func (c *workerCmd) agentOf(alog *zerolog.Logger, reg prometheus.Registerer, onOutcome func(agent.EndpointOutcome)) (consumer.Agent, consumer.Tools, error) {
 	if c.Agent == "echo" {
 		return consumer.Echo{Directives: c.EchoDirectives}, nil, nil
 	}
@@ -220,22 +240,21 @@ func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
 	if err != nil {
 		return nil, nil, &UsageError{Err: err}
 	}
-	alog := env.Log.With().Str("component", "agent").Logger()
 	switch c.Agent {
 	case agent.ProtocolA2A:
 		// An opaque agent: it runs its own tools, and Baton declares it
 		// none.
-		a, err := c.external(&alog)
+		a, err := c.external(alog, reg, onOutcome)
 		return a, nil, err
 	case agent.ProtocolAGUI, agent.ProtocolAISDK:
-		a, err := c.external(&alog)
+		a, err := c.external(alog, reg, onOutcome)
 		return a, tools.Tools(), err
 	}
 	ac := agent.Config{
 		BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
 		RequestTimeout: c.ModelTimeout, FirstByteTimeout: c.ModelFirstByte, IdleTimeout: c.ModelIdle,
 		DisableStreaming: !c.ModelStreaming, ContextTokens: c.ModelContext, MaxToolResultBytes: c.ModelToolResult,
-		MaxModelCalls: c.MaxModelCalls, Logger: &alog,
+		MaxModelCalls: c.MaxModelCalls, Logger: alog,
 	}
 	if err := ac.WithDefaults().Validate(); err != nil {
 		return nil, nil, settingError(c, err)
@@ -253,7 +272,7 @@ func (c *workerCmd) agentOf(env *Env) (consumer.Agent, consumer.Tools, error) {
 // external builds an agent served over HTTP (--agent ag-ui, ai-sdk or
 // a2a), whose every step request carries a token signed with the worker's
 // key.
-func (c *workerCmd) external(log *zerolog.Logger) (consumer.Agent, error) {
+func (c *workerCmd) external(log *zerolog.Logger, reg prometheus.Registerer, onOutcome func(agent.EndpointOutcome)) (consumer.Agent, error) {
 	switch {
 	case c.AgentURL == "":
 		return nil, &UsageError{Err: fmt.Errorf("--agent %s needs --agent-url (BATON_AGENT_URL): the URL Baton posts each step to", c.Agent)}
@@ -268,6 +287,7 @@ func (c *workerCmd) external(log *zerolog.Logger) (consumer.Agent, error) {
 		Protocol: c.Agent, URL: c.AgentURL, Timeout: c.AgentTimeout, FirstByteTimeout: c.AgentFirstByte, IdleTimeout: c.AgentIdle,
 		Headers: headers, TLSCAFile: c.AgentTLSCA, MaxInFlight: c.AgentMaxInFlight, MaxStepBytes: c.AgentMaxStepBytes,
 		MaxToolCalls: c.AgentMaxToolCalls, ThreadID: c.AgentThreadID, Audience: c.AgentAudience, Logger: log,
+		Registerer: reg, OnOutcome: onOutcome,
 	}.WithDefaults()
 	if err := xc.Validate(); err != nil {
 		return nil, settingError(c, err)

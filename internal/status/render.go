@@ -177,6 +177,21 @@ func (r *Report) WriteText(w io.Writer) error {
 		p("\napprovals waiting\t%d\n\n", r.ApprovalsWaiting)
 	}
 
+	if len(r.Agents) > 0 {
+		p("AGENT\tREACHABLE\tSINCE\tLAST ANSWER\tLAST ERROR\n")
+		for _, a := range r.Agents {
+			answered, failed := "-", "-"
+			if a.LastOKAt != nil {
+				answered = ago(*a.LastOKAt)
+			}
+			if a.LastErrorAt != nil {
+				failed = ago(*a.LastErrorAt) + ": " + a.LastError
+			}
+			p("%s\t%s\t%s\t%s\t%s\n", a.Name, yesNo(a.Reachable), ago(a.Since), answered, failed)
+		}
+		p("\n")
+	}
+
 	p("LEASES\tHELD\tEXPIRED\tPAST GRACE\n")
 	p("runs\t%d\t%d\t%d\n", r.Leases.Held, r.Leases.Expired, r.Leases.Overdue)
 	if len(r.Leases.Runs) > 0 {

@@ -42,9 +42,11 @@ type Options struct {
 	// sweeper's age) before it needs attention.
 	MaxPendingAge time.Duration
 	// StallAfter is how long the slot's confirmed position may stand still
-	// while WAL waits behind it, and how long a durable consumer of the
-	// stream may go without an acknowledgement while events have waited for
-	// it, before either needs attention. Defaults to 5 minutes.
+	// while WAL waits behind it, how long a durable consumer of the stream
+	// may go without an acknowledgement while events have waited for it,
+	// and how long an external agent may fail every step request while
+	// workers keep sending them, before any of them needs attention.
+	// Defaults to 5 minutes.
 	StallAfter time.Duration
 	// LeaseGrace is how long past its expiry a run may hold a
 	// conversation's lease before it needs attention. Defaults to 1 minute.
@@ -88,6 +90,10 @@ type Report struct {
 	// ApprovalsWaiting counts the calls that wait for their user's
 	// approval.
 	ApprovalsWaiting int `json:"approvals_waiting"`
+	// Agents are the external agents the workers sent steps to (--agent
+	// ag-ui or ai-sdk), each with whether its latest step request got an
+	// answer, since when, and its last error.
+	Agents []schema.AgentEndpoint `json:"agents"`
 }
 
 // Database is the PostgreSQL server the report was read from: the
@@ -233,7 +239,7 @@ var ErrStandby = errors.New("the database server is a standby (in recovery)")
 // in recovery is ErrStandby: the slot and the outbox live on the primary.
 func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o Options) (*Report, error) {
 	o = o.WithDefaults()
-	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}, MCPServers: []schema.MCPServerRecord{}}
+	r := &Report{Errors: map[string]any{}, Groups: []Group{}, Attention: []string{}, DeadLetters: []DeadLetters{}, Tables: []schema.TableStat{}, MCPServers: []schema.MCPServerRecord{}, Agents: []schema.AgentEndpoint{}}
 	if err := r.gatherDatabase(ctx, db); err != nil {
 		return nil, err
 	}
@@ -248,6 +254,9 @@ func Gather(ctx context.Context, db schema.Executor, js jetstream.JetStream, o O
 	}
 	r.gatherTables(ctx, db)
 	if err := r.gatherMCP(ctx, db); err != nil {
+		return nil, err
+	}
+	if err := r.gatherAgents(ctx, db, o); err != nil {
 		return nil, err
 	}
 	if js == nil {
@@ -279,6 +288,28 @@ func (r *Report) gatherMCP(ctx context.Context, db schema.Executor) error {
 		}
 	}
 	return db.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE status = 'pending'`).Scan(&r.ApprovalsWaiting)
+}
+
+// gatherAgents lists the external agents the workers recorded. One that
+// has failed every request for StallAfter while workers still send it
+// steps (its last error is more recent than that) needs an operator: its
+// turns fail. One whose last error is older is no longer tried, and is
+// only listed.
+func (r *Report) gatherAgents(ctx context.Context, db schema.Executor, o Options) error {
+	agents, err := schema.ListAgentEndpoints(ctx, db)
+	if err != nil {
+		return err
+	}
+	r.Agents = agents
+	now := time.Now()
+	for _, a := range agents {
+		if a.Reachable || a.LastErrorAt == nil || now.Sub(a.Since) < o.StallAfter || now.Sub(*a.LastErrorAt) >= o.StallAfter {
+			continue
+		}
+		r.attention("agent %s has not answered a step request for %s (--stall-after %s); the last error, %s ago: %s: check that it runs and speaks %s at the workers' BATON_AGENT_URL (--agent-url), and their logs (component=agent)",
+			a.Name, round(now.Sub(a.Since)), o.StallAfter, round(now.Sub(*a.LastErrorAt)), a.LastError, a.Protocol)
+	}
+	return nil
 }
 
 func (r *Report) attention(format string, args ...any) {
