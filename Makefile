@@ -26,7 +26,7 @@ deps:
 # Folders whose npm packages the tests use (real clients and servers, the
 # example apps), installed from the lockfile beside each, again only when
 # the lockfile changed.
-NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything agent/testdata/a2a examples/producer-node examples/group-node examples/chat-usechat internal/e2e/aisdk
+NPM_DIRS := internal/oidctest/provider agent/testdata/mcp-everything agent/testdata/a2a examples/producer-node examples/group-node examples/chat-usechat examples/agent-ai-sdk examples/agent-ag-ui internal/e2e/aisdk
 test-deps:
 	@./scripts/install-deps.sh postgres chromium prometheus chaos node psycopg tour
 	@for d in $(NPM_DIRS); do \

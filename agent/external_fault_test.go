@@ -26,7 +26,7 @@ func requireSameRequests(t *testing.T, reqs []agenttest.AgentRequest) {
 		require.JSONEq(t, string(reqs[0].Body), string(r.Body), "retry %d posts the same step", i+1)
 		require.Equal(t, reqs[0].Header.Get("Idempotency-Key"), r.Header.Get("Idempotency-Key"), "retry %d has the same Idempotency-Key", i+1)
 	}
-	require.Equal(t, consumer.StepKey("turn_test", 0, 0), reqs[0].Header.Get("Idempotency-Key"))
+	require.Equal(t, consumer.StepKey("conv", "turn_test", 0, 0), reqs[0].Header.Get("Idempotency-Key"))
 }
 
 func TestAFailedRunIsRetriedWithTheSameRunID(t *testing.T) {

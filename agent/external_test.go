@@ -179,7 +179,7 @@ func TestAnAGUIStepCarriesTheTurnAndTheResultsOfEarlierCalls(t *testing.T) {
 	reqs := srv.Requests()
 	require.Len(t, reqs, 2)
 	for i, r := range reqs {
-		key := consumer.StepKey("turn_test", 2, i)
+		key := consumer.StepKey("conv", "turn_test", 2, i)
 		require.Equal(t, key, r.Header.Get("Idempotency-Key"), "step %d", i)
 		require.Equal(t, "text/event-stream", r.Header.Get("Accept"))
 		require.Equal(t, "application/json", r.Header.Get("Content-Type"))
@@ -232,7 +232,7 @@ func TestAnAISDKStepCarriesTheTurnAndTheResultsOfEarlierCalls(t *testing.T) {
 	reqs := srv.Requests()
 	require.Len(t, reqs, 2)
 	for i, r := range reqs {
-		key := consumer.StepKey("turn_test", 0, i)
+		key := consumer.StepKey("conv", "turn_test", 0, i)
 		require.Equal(t, key, r.Header.Get("Idempotency-Key"), "step %d", i)
 		require.Equal(t, "text/event-stream", r.Header.Get("Accept"))
 		body := r.Map(t)
@@ -518,7 +518,7 @@ func TestTheAuthorizersTokenAndTheConfiguredHeadersReachTheAgent(t *testing.T) {
 		start := time.Now()
 		_, err := stepOnce(context.Background(), x, turnOf("q"), nil)
 		require.NoError(t, err)
-		key := consumer.StepKey("turn_test", 0, 0)
+		key := consumer.StepKey("conv", "turn_test", 0, 0)
 		for _, r := range srv.Requests() {
 			require.Equal(t, "Bearer tok."+key, r.Header.Get("Authorization"))
 			require.Equal(t, "k-123456", r.Header.Get("X-Api-Key"))

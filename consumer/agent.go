@@ -82,13 +82,19 @@ type StepRequest struct {
 
 // Key is the step's identity: the same for every post of this step of
 // this turn (an automatic retry, a re-claim after a worker died), another
-// after a user's explicit retry. It is made of [A-Za-z0-9_] only, so any
-// agent can take it as a run id.
-func (r StepRequest) Key() string { return StepKey(r.Turn.TurnID, r.Turn.Epoch, r.Index) }
+// after a user's explicit retry, and another in any other conversation. It
+// is made of [A-Za-z0-9_] only, so any agent can take it as a run id.
+func (r StepRequest) Key() string {
+	return StepKey(r.Turn.ConversationID, r.Turn.TurnID, r.Turn.Epoch, r.Index)
+}
 
-// StepKey is the identity of step index of a turn at a retry epoch.
-func StepKey(turnID string, epoch, index int) string {
-	sum := sha256.Sum256([]byte(turnID + "\x00" + strconv.Itoa(epoch) + "\x00" + strconv.Itoa(index)))
+// StepKey is the identity of step index of a turn of a conversation (its
+// server key) at a retry epoch. A turn's id is unique only within its
+// database (it derives from outbox ids, which every database numbers
+// from 1): the conversation's key, unique everywhere, keeps the steps of
+// two deployments that share an agent from having the same key.
+func StepKey(conversation, turnID string, epoch, index int) string {
+	sum := sha256.Sum256([]byte(conversation + "\x00" + turnID + "\x00" + strconv.Itoa(epoch) + "\x00" + strconv.Itoa(index)))
 	return "step_" + hex.EncodeToString(sum[:16])
 }
 
