@@ -270,7 +270,7 @@ func TestAReadThenAWriteThenAnAnswerCommitOneReplyWithBothOperations(t *testing.
 	require.Equal(t, op{"clock", "1", "read", "completed", "call_clock", ops[0].key, replied.RunID, replied.MessageID}, ops[0])
 	require.Equal(t, op{"open_ticket", "1", "write", "completed", "call_ticket", ops[1].key, replied.RunID, replied.MessageID}, ops[1])
 
-	key := consumer.IdempotencyKey(consumer.TurnScope(replied.TurnID, 0), "call_ticket")
+	key := consumer.IdempotencyKey(consumer.TurnScope(replied.ConversationID, replied.TurnID, 0), "call_ticket")
 	require.Equal(t, key, ops[1].key)
 	deliveries, applied := hook.snapshot()
 	require.Equal(t, []string{key, key}, deliveries, "the retried delivery carries the same idempotency key")

@@ -154,7 +154,7 @@ func (j *journal) Call(ctx context.Context, call ToolCall) (string, error) {
 		return "", ErrNeedsApproval
 	}
 	inv := Invocation{
-		IdempotencyKey: idempotencyKey(tool, TurnScope(j.turnID, j.epoch), call.ID),
+		IdempotencyKey: idempotencyKey(tool, TurnScope(j.conversationID, j.turnID, j.epoch), call.ID),
 		ConversationID: j.conversationID,
 		RunID:          j.runID,
 		Arguments:      args,
@@ -333,7 +333,7 @@ func (j *journal) parkRequest() *schema.ApprovalRequest {
 			Tool:             p.tool.Name(),
 			ToolVersion:      p.tool.Version(),
 			Effect:           p.tool.Effect(),
-			IdempotencyKey:   idempotencyKey(p.tool, TurnScope(j.turnID, j.epoch), p.call.ID),
+			IdempotencyKey:   idempotencyKey(p.tool, TurnScope(j.conversationID, j.turnID, j.epoch), p.call.ID),
 			Arguments:        string(p.args),
 			DefinitionSHA256: definitionSHA256(p.tool),
 		},

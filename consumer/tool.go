@@ -147,12 +147,16 @@ func IdempotencyKey(scope, toolCallID string) string {
 }
 
 // TurnScope is the scope of a turn's tool calls at a retry epoch: their
-// idempotency keys derive from it.
-func TurnScope(turnID string, epoch int) string {
-	if epoch == 0 {
-		return turnID
+// idempotency keys derive from it. It holds the conversation's server key,
+// unique across databases: a turn id alone is the hash of outbox ids,
+// which every database numbers from 1, and a system that two deployments
+// write to must never take one's call for the other's.
+func TurnScope(conversationID, turnID string, epoch int) string {
+	s := conversationID + "\x00" + turnID
+	if epoch > 0 {
+		s += "#" + strconv.Itoa(epoch)
 	}
-	return turnID + "#" + strconv.Itoa(epoch)
+	return s
 }
 
 // ErrUnknownTool is returned for a call of a tool that is not registered.
