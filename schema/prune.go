@@ -325,11 +325,18 @@ const (
 // attached to no message, of a run that ended before the retention and
 // holds no lease. Such a run's operations no longer change: finalize and a
 // visible failure attach them only while the run runs.
+//
+// An operation of a turn whose rows wait to go on from its journal of
+// steps is never pruned: its outcome is what keeps the turn from sending
+// its call again.
 func operationPrunable(alias, param string) string {
 	return fmt.Sprintf(`%[1]s.message_id IS NULL AND EXISTS (
 		SELECT 1 FROM agent_runs r WHERE r.id = %[1]s.run_id AND r.status <> 'running'
 			AND coalesce(r.finished_at, r.started_at) < now() - make_interval(secs => %[2]s)
-			AND NOT EXISTS (SELECT 1 FROM conversations v WHERE v.id = r.conversation_id AND v.run_id = r.id))`, alias, param)
+			AND NOT EXISTS (SELECT 1 FROM conversations v WHERE v.id = r.conversation_id AND v.run_id = r.id))
+		AND (%[1]s.turn_id IS NULL OR NOT EXISTS (
+			SELECT 1 FROM agent_outbox x WHERE x.conversation_id = %[1]s.conversation_id AND x.steps_turn_id = %[1]s.turn_id
+				AND x.status IN ('pending', 'processing')))`, alias, param)
 }
 
 var (

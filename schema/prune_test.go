@@ -55,3 +55,35 @@ func TestRetentionNamesTheSettingThatCannotWork(t *testing.T) {
 		require.ErrorContains(t, err, field, "a bad %s is named", field)
 	}
 }
+
+// TestPruneKeepsTheOperationsOfATurnThatWaitsToGoOnFromItsJournal: the
+// operation of an ended run attached to no message goes with the
+// retention, unless its turn's rows wait to go on from the journal: the
+// operation's outcome is what keeps the turn from sending its call again.
+func TestPruneKeepsTheOperationsOfATurnThatWaitsToGoOnFromItsJournal(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	id := b.send(t, "c", "m1", "open a ticket")
+	old := time.Now().Add(-time.Hour)
+	for _, run := range []string{"run_orphan", "run_journaled"} {
+		_, err := b.db.Pool.Exec(ctx, `
+			INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, status, started_at, lease_expires_at, finished_at)
+			VALUES ($1, $2, $1, '{}', 'w', 'recovered', $3, $3, $3)`, run, b.key("c"), old)
+		require.NoError(t, err)
+		_, err = b.db.Pool.Exec(ctx, `
+			INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, effect, status, turn_id, epoch, step)
+			VALUES ($1, $2, 'call_1', 'ticket', 'write', 'completed', $1, 0, 0)`, run, b.key("c"))
+		require.NoError(t, err)
+	}
+	// The pending row belongs to the journaled turn.
+	_, err := b.db.Pool.Exec(ctx, `UPDATE agent_outbox SET steps_turn_id = 'run_journaled' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	res, err := schema.Prune(ctx, b.db.Pool, schema.Retention{Outbox: time.Minute, Runs: time.Minute, Operations: time.Minute}.WithDefaults(), nil, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Rows[schema.TableOperations], "the orphan goes")
+	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM operations WHERE run_id = 'run_journaled'`),
+		"the operation of the turn that waits to go on from its journal stays")
+}

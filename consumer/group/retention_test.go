@@ -96,6 +96,17 @@ func TestPruneKeepsWhatTheRulesKeepAndAReplayOfTheRetainedEventsAppliesNothingTw
 	b.settledTurns("marker-1")
 	b.Send("moved-on", "moved-on-2", "hello again")
 	b.settledTurns("marker-2")
+	// A turn that a newer message superseded after a read leaves its
+	// operation to no message (a turn's retries go on from its journal,
+	// whose operations its reply or error takes).
+	_, err := b.DB.Pool.Exec(ctx, `
+		INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, status, lease_expires_at, finished_at)
+		VALUES ('run_superseded', $1, 'turn_superseded', '{}', 'w', 'superseded', now(), now())`, b.Key("plain"))
+	require.NoError(t, err)
+	_, err = b.DB.Pool.Exec(ctx, `
+		INSERT INTO operations (run_id, conversation_id, tool_call_id, tool, effect, status, turn_id, epoch, step)
+		VALUES ('run_superseded', $1, 'call_1', 'lookup', 'read', 'completed', 'turn_superseded', 0, 0)`, b.Key("plain"))
+	require.NoError(t, err)
 
 	const retention = 3 * time.Second
 	ret := schema.Retention{Outbox: retention, Runs: retention, Operations: retention, InboxMargin: time.Millisecond, Batch: 2}
