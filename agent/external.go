@@ -168,8 +168,9 @@ func (x *External) newStep(req consumer.StepRequest, key, end string) *externalS
 // noLive shows nothing, for a step asked for without a live reply.
 type noLive struct{}
 
-func (noLive) Text(string) {}
-func (noLive) Retry()      {}
+func (noLive) Text(string)      {}
+func (noLive) Reasoning(string) {}
+func (noLive) Retry()           {}
 
 // externalStep is the state of one step and its retries.
 type externalStep struct {

@@ -87,12 +87,20 @@ var weatherSpec = consumer.ToolSpec{
 type recordLive struct {
 	mu     sync.Mutex
 	pieces []string
+	// thoughts are the pieces of reasoning.
+	thoughts []string
 }
 
 func (l *recordLive) Text(delta string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pieces = append(l.pieces, delta)
+}
+
+func (l *recordLive) Reasoning(delta string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.thoughts = append(l.thoughts, delta)
 }
 
 func (l *recordLive) Retry() {
