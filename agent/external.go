@@ -197,7 +197,7 @@ type externalStep struct {
 // finish turns the answer into the step, or the error it calls for.
 func (s *externalStep) finish(ans *answer, out consumer.Step) (consumer.Step, error) {
 	st := ans.step()
-	out.Text, out.Calls = st.Text, st.Calls
+	out.Text, out.Reasoning, out.Calls = st.Text, st.Reasoning, st.Calls
 	if len(ans.interrupts) > 0 {
 		// Questions for a person: the turn waits for their answers, which
 		// go back to the agent with the next step.
