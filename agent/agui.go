@@ -274,7 +274,11 @@ func (d *aguiDecoder) read(e aguiEvent) (bool, error) {
 		}
 	case "REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CHUNK":
 		if e.Delta != nil {
-			a.reasoning.WriteString(*e.Delta)
+			id := ""
+			if e.MessageID != nil {
+				id = *e.MessageID
+			}
+			a.addReasoning(id, *e.Delta)
 		}
 	case "TOOL_CALL_START":
 		switch {

@@ -217,7 +217,7 @@ func (d *aisdkDecoder) read(c uiChunk) (bool, error) {
 		if c.Delta == nil {
 			return false, missing(c.Type, "delta")
 		}
-		a.reasoning.WriteString(*c.Delta)
+		a.addReasoning("step-"+strconv.Itoa(d.steps), *c.Delta)
 	case "tool-input-start":
 		call, err := d.call(c)
 		if err != nil {

@@ -1,7 +1,9 @@
 // Package agent answers turns with a model server that speaks the OpenAI
 // chat completions API (OpenAI itself, vLLM, Ollama, llama.cpp's server,
 // LiteLLM), calling tools from a Registry through the turn runner's
-// journal, and showing the reply live on NATS while the model writes it.
+// journal, and showing the reply live on NATS while the model writes it,
+// with the model's reasoning where the server sends it (reasoning_content
+// or reasoning), which is kept with the reply and never sent back.
 //
 // A tool is a protocol: a name, a version, a JSON Schema for its arguments
 // and an effect (read or write). Arguments are validated before the tool

@@ -168,8 +168,9 @@ func (x *External) newStep(req consumer.StepRequest, key, end string) *externalS
 // noLive shows nothing, for a step asked for without a live reply.
 type noLive struct{}
 
-func (noLive) Text(string) {}
-func (noLive) Retry()      {}
+func (noLive) Text(string)      {}
+func (noLive) Reasoning(string) {}
+func (noLive) Retry()           {}
 
 // externalStep is the state of one step and its retries.
 type externalStep struct {
@@ -196,7 +197,7 @@ type externalStep struct {
 // finish turns the answer into the step, or the error it calls for.
 func (s *externalStep) finish(ans *answer, out consumer.Step) (consumer.Step, error) {
 	st := ans.step()
-	out.Text, out.Calls = st.Text, st.Calls
+	out.Text, out.Reasoning, out.Calls = st.Text, st.Reasoning, st.Calls
 	if len(ans.interrupts) > 0 {
 		// Questions for a person: the turn waits for their answers, which
 		// go back to the agent with the next step.

@@ -53,9 +53,9 @@ func (e *tooManyCallsError) Error() string {
 	return fmt.Sprintf("the step asked for more than %d tool calls", e.max)
 }
 
-// answer is what the events of one step request said so far: the text,
-// streamed to the live reply as it arrives, the reasoning, and the tool
-// calls, whole once the step ends.
+// answer is what the events of one step request said so far: the text
+// and the reasoning, streamed to the live reply as they arrive, and the
+// tool calls, whole once the step ends.
 type answer struct {
 	live     consumer.StepLive
 	declared map[string]bool
@@ -67,8 +67,10 @@ type answer struct {
 	// another message starts a new paragraph.
 	textID    string
 	reasoning strings.Builder
-	calls     []*agentCall
-	byID      map[string]*agentCall
+	// reasoningID is textID for the reasoning.
+	reasoningID string
+	calls       []*agentCall
+	byID        map[string]*agentCall
 	// asked counts the calls of declared tools.
 	asked      int
 	interrupts []Interrupt
@@ -124,6 +126,27 @@ func (a *answer) writeText(s string) {
 	a.live.Text(s)
 }
 
+// addReasoning appends a piece of the reasoning of message id ("" for the
+// one being written), and shows it: the reasoning of another message is a
+// paragraph of its own, as its text is.
+func (a *answer) addReasoning(id, delta string) {
+	if delta == "" {
+		return
+	}
+	if id != "" && id != a.reasoningID {
+		if a.reasoning.Len() > 0 && !strings.HasSuffix(a.reasoning.String(), "\n") {
+			a.writeReasoning(paragraph)
+		}
+		a.reasoningID = id
+	}
+	a.writeReasoning(delta)
+}
+
+func (a *answer) writeReasoning(s string) {
+	a.reasoning.WriteString(s)
+	a.live.Reasoning(s)
+}
+
 // paragraph separates the texts of an agent's messages within a step.
 const paragraph = "\n\n"
 
@@ -156,11 +179,11 @@ func (a *answer) ran(id string) {
 	a.log.Debug().Str("tool_call_id", id).Msg("the agent sent the result of a tool call it did not show")
 }
 
-// step is the answer as a step: its text and the calls of declared tools
-// that the agent did not run itself. The agent's own tools are outside
+// step is the answer as a step: its text, its reasoning and the calls of
+// declared tools that the agent did not run itself. The agent's own tools are outside
 // the journal: they are logged, never returned.
 func (a *answer) step() consumer.Step {
-	st := consumer.Step{Text: a.text.String()}
+	st := consumer.Step{Text: a.text.String(), Reasoning: a.reasoning.String()}
 	own := 0
 	for _, c := range a.calls {
 		switch {

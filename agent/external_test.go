@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,12 +88,20 @@ var weatherSpec = consumer.ToolSpec{
 type recordLive struct {
 	mu     sync.Mutex
 	pieces []string
+	// thoughts are the pieces of reasoning.
+	thoughts []string
 }
 
 func (l *recordLive) Text(delta string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pieces = append(l.pieces, delta)
+}
+
+func (l *recordLive) Reasoning(delta string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.thoughts = append(l.thoughts, delta)
 }
 
 func (l *recordLive) Retry() {
@@ -340,6 +349,11 @@ func TestTextOfTheAgentsSeveralMessagesIsParagraphs(t *testing.T) {
 	})
 }
 
+// TestReasoningAndSkippedEventsAreNotTheReply: events Baton does not use
+// are skipped, and the agent's reasoning is shown live and kept as the
+// step's reasoning, apart from its text; the reasoning of another message
+// (AG-UI) or of another of the agent's own steps (the AI SDK) is a
+// paragraph of its own.
 func TestReasoningAndSkippedEventsAreNotTheReply(t *testing.T) {
 	t.Parallel()
 	ev := func(m map[string]any) []string { return []string{agenttest.JSON(m)} }
@@ -348,6 +362,7 @@ func TestReasoningAndSkippedEventsAreNotTheReply(t *testing.T) {
 			ev(map[string]any{"type": "STATE_SNAPSHOT", "snapshot": map[string]any{"k": "v"}}),
 			ev(map[string]any{"type": "REASONING_MESSAGE_CONTENT", "messageId": "r1", "delta": "think"}),
 			ev(map[string]any{"type": "REASONING_MESSAGE_CHUNK", "delta": "ing"}),
+			ev(map[string]any{"type": "REASONING_MESSAGE_CHUNK", "messageId": "r2", "delta": "more"}),
 			ev(map[string]any{"type": "MESSAGES_SNAPSHOT", "messages": []any{}}),
 			ev(map[string]any{"type": "CUSTOM", "name": "progress", "value": 1}),
 			ev(map[string]any{"type": "STEP_STARTED", "stepName": "s"}),
@@ -361,6 +376,11 @@ func TestReasoningAndSkippedEventsAreNotTheReply(t *testing.T) {
 			ev(map[string]any{"type": "reasoning-start", "id": "r"}),
 			ev(map[string]any{"type": "reasoning-delta", "id": "r", "delta": "thinking"}),
 			ev(map[string]any{"type": "reasoning-end", "id": "r"}),
+			ev(map[string]any{"type": "finish-step"}),
+			ev(map[string]any{"type": "start-step"}),
+			ev(map[string]any{"type": "reasoning-start", "id": "r2"}),
+			ev(map[string]any{"type": "reasoning-delta", "id": "r2", "delta": "more"}),
+			ev(map[string]any{"type": "reasoning-end", "id": "r2"}),
 			ev(map[string]any{"type": "data-weather", "data": map[string]any{"t": 1}}),
 			ev(map[string]any{"type": "source-url", "sourceId": "s", "url": "https://example.com"}),
 			ev(map[string]any{"type": "message-metadata", "messageMetadata": map[string]any{}}),
@@ -368,9 +388,13 @@ func TestReasoningAndSkippedEventsAreNotTheReply(t *testing.T) {
 		)},
 	)
 	for _, p := range []string{agent.ProtocolAGUI, agent.ProtocolAISDK} {
-		st, err := stepOnce(context.Background(), newExternal(t, p, srv, nil), turnOf("q"), nil)
+		live := &recordLive{}
+		st, err := stepOnce(context.Background(), newExternal(t, p, srv, nil), turnOf("q"), live)
 		require.NoError(t, err, p)
 		require.Equal(t, "Answer.", st.Text, p)
+		require.Equal(t, "thinking\n\nmore", st.Reasoning, p)
+		require.Equal(t, st.Reasoning, strings.Join(live.thoughts, ""), "%s: the reasoning streamed as it came", p)
+		require.Equal(t, st.Text, strings.Join(live.shown(), ""), "%s: no reasoning in the text shown", p)
 	}
 }
 

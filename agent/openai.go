@@ -10,6 +10,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/respjson"
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
@@ -83,7 +84,7 @@ func (a *OpenAI) Step(ctx context.Context, req consumer.StepRequest) (consumer.S
 	t.log.Debug().Int("round", req.Index+1).Int("messages", len(r.messages)).Int("history_messages", r.history).
 		Int("estimated_tokens", r.tokens).Bool("trimmed", r.trimmed).Msg("model request")
 	st, err := t.step(ctx, openai.ChatCompletionNewParams{Model: a.cfg.Model, Messages: r.messages, Tools: toolParams})
-	out := consumer.Step{Text: st.content, Requests: t.calls - made}
+	out := consumer.Step{Text: st.content, Reasoning: st.reasoning, Requests: t.calls - made}
 	if err != nil {
 		return out, err
 	}
@@ -169,8 +170,35 @@ func callsNote(n int) string {
 // stepResult is one model response.
 type stepResult struct {
 	content string
-	calls   []toolCall
-	finish  string
+	// reasoning is what the model thought before it answered, when the
+	// server sends it (see reasoningOf).
+	reasoning string
+	calls     []toolCall
+	finish    string
+}
+
+// reasoningFields are the fields in which model servers send a model's
+// reasoning beside its content, in a streamed chunk's delta or a whole
+// response's message, in the order they are read: reasoning_content
+// (DeepSeek, vLLM, llama.cpp, SGLang) and reasoning (OpenRouter, newer
+// vLLM, Ollama). The chat completions API has neither, so the library
+// keeps them as extra fields.
+var reasoningFields = []string{"reasoning_content", "reasoning"}
+
+// reasoningOf is the reasoning a delta or message carries in one of
+// reasoningFields, or "". It is shown and kept with the reply, and never
+// sent back to the model: the requests of later steps hold each step's
+// content and tool calls only.
+func reasoningOf(extra map[string]respjson.Field) string {
+	for _, name := range reasoningFields {
+		// The library marks an extra field neither valid nor null: it
+		// has no type to check it against. Its raw JSON says what it is.
+		var s string
+		if f, ok := extra[name]; ok && json.Unmarshal([]byte(f.Raw()), &s) == nil && s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 // step calls the model once, retrying inside the attempt what may pass
@@ -346,7 +374,7 @@ func (t *stepCall) whole(ctx context.Context, params openai.ChatCompletionNewPar
 		return stepResult{}, errNoChoices
 	}
 	ch := comp.Choices[0]
-	st := stepResult{content: ch.Message.Content, finish: ch.FinishReason}
+	st := stepResult{content: ch.Message.Content, reasoning: reasoningOf(ch.Message.JSON.ExtraFields), finish: ch.FinishReason}
 	if st.content == "" {
 		st.content = ch.Message.Refusal
 	}
@@ -362,12 +390,16 @@ func (t *stepCall) stream(ctx context.Context, params openai.ChatCompletionNewPa
 	s := t.chat.NewStreaming(ctx, params, opt)
 	defer s.Close()
 	var st stepResult
-	var content strings.Builder
+	var content, reasoning strings.Builder
 	var calls toolCalls
 	for s.Next() {
 		for _, ch := range s.Current().Choices {
 			if ch.Index != 0 {
 				continue
+			}
+			if thought := reasoningOf(ch.Delta.JSON.ExtraFields); thought != "" {
+				t.live.Reasoning(thought)
+				reasoning.WriteString(thought)
 			}
 			text := ch.Delta.Content
 			if text == "" {
@@ -393,6 +425,7 @@ func (t *stepCall) stream(ctx context.Context, params openai.ChatCompletionNewPa
 		return stepResult{}, errIncomplete
 	}
 	st.content = content.String()
+	st.reasoning = reasoning.String()
 	st.calls = calls.list()
 	return st, nil
 }

@@ -106,5 +106,6 @@ func FuzzAgentStreams(f *testing.F) {
 // textLive keeps what a step shows.
 type textLive struct{ b strings.Builder }
 
-func (l *textLive) Text(s string) { l.b.WriteString(s) }
-func (l *textLive) Retry()        { l.b.Reset() }
+func (l *textLive) Text(s string)    { l.b.WriteString(s) }
+func (l *textLive) Reasoning(string) {}
+func (l *textLive) Retry()           { l.b.Reset() }

@@ -41,8 +41,9 @@ type uiMessageIn struct {
 	Parts []uiPartIn `json:"parts"`
 }
 
-// uiPartIn is a part of a message as far as Baton reads it: text, or a
-// tool call with its state and, once the user answered it, its approval.
+// uiPartIn is a part of a message as far as Baton reads it: text,
+// reasoning, or a tool call with its state and, once the user answered
+// it, its approval.
 type uiPartIn struct {
 	Type       string          `json:"type"`
 	Text       *string         `json:"text"`
@@ -250,19 +251,25 @@ type approvalResponse struct {
 
 // approvalResponses returns the answers to approvals that the request's
 // last message, the assistant's reply, carries, and the reply's parts as
-// the client shows them (text and tool calls, in order), which the
-// stream that continues the reply does not send again.
+// the client shows them (text, reasoning and tool calls, in order), which
+// the stream that continues the reply does not send again.
 func (req chatRequest) approvalResponses() ([]approvalResponse, []batonnats.LivePart, error) {
 	m := req.Last
 	var out []approvalResponse
 	var shown []batonnats.LivePart
 	for _, p := range m.Parts {
 		switch {
-		case p.Type == "text" && p.Text != nil:
-			if n := len(shown); n > 0 && shown[n-1].Type == batonnats.PartText {
+		case (p.Type == "text" || p.Type == "reasoning") && p.Text != nil:
+			kind := batonnats.PartText
+			if p.Type == "reasoning" {
+				kind = batonnats.PartReasoning
+			}
+			// Consecutive parts of a kind are one, as a live reply folds
+			// them.
+			if n := len(shown); n > 0 && shown[n-1].Type == kind {
 				shown[n-1].Text += *p.Text
 			} else if *p.Text != "" {
-				shown = append(shown, batonnats.LivePart{Type: batonnats.PartText, Text: *p.Text})
+				shown = append(shown, batonnats.LivePart{Type: kind, Text: *p.Text})
 			}
 		case p.isTool() && p.ToolCallID != "":
 			tool := batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: p.ToolCallID, Tool: p.ToolName, Input: p.Input,

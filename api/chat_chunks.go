@@ -77,10 +77,11 @@ type uiStream struct {
 	// given up, below).
 	sent   []batonnats.LivePart
 	offset int
-	// openText is the id of the text part being written, if any; texts
-	// numbers the text parts.
-	openText string
-	texts    int
+	// open is the id of the text or reasoning part being written, if any,
+	// and openKind its kind (batonnats.PartText or PartReasoning); texts
+	// and thoughts number the parts of each kind.
+	open, openKind  string
+	texts, thoughts int
 	// tools are the tool calls the client has, in any step.
 	tools map[string]bool
 }
@@ -132,24 +133,65 @@ func (u *uiStream) start(messageID string) {
 	u.write(uiChunk{Type: "start-step"})
 }
 
-func (u *uiStream) closeText() {
-	if u.openText != "" {
-		u.write(uiChunk{Type: "text-end", ID: u.openText})
-		u.openText = ""
+// closePart ends the text or reasoning part being written.
+func (u *uiStream) closePart() {
+	if u.open == "" {
+		return
 	}
+	end := "text-end"
+	if u.openKind == batonnats.PartReasoning {
+		end = "reasoning-end"
+	}
+	u.write(uiChunk{Type: end, ID: u.open})
+	u.open, u.openKind = "", ""
+}
+
+// writing reports whether the last part sent is a text or reasoning part
+// of kind still being written.
+func (u *uiStream) writing(kind string) bool {
+	n := len(u.sent)
+	return u.open != "" && u.openKind == kind && n > 0 && u.sent[n-1].Type == kind
+}
+
+// deltaType is the chunk that appends to a part of kind.
+func deltaType(kind string) string {
+	if kind == batonnats.PartReasoning {
+		return "reasoning-delta"
+	}
+	return "text-delta"
+}
+
+// textual reports whether parts of kind are text that grows: text and
+// reasoning.
+func textual(kind string) bool { return kind == batonnats.PartText || kind == batonnats.PartReasoning }
+
+// known leaves out the parts of kinds this version does not send (a
+// newer worker's snapshot may hold some), so that they never count as a
+// difference from what was sent.
+func known(parts []batonnats.LivePart) []batonnats.LivePart {
+	for _, p := range parts {
+		if !textual(p.Type) && p.Type != batonnats.PartTool {
+			return slices.DeleteFunc(slices.Clone(parts), func(p batonnats.LivePart) bool {
+				return !textual(p.Type) && p.Type != batonnats.PartTool
+			})
+		}
+	}
+	return parts
 }
 
 // sync sends what the client lacks of the reply as the run shows it,
-// parts: new text as deltas, new tool calls and their outcomes. Text
-// never shrinks on the client: when the run's text no longer begins with
-// what was sent (an attempt started over), the current step is given up
-// and the rest of the reply follows in a new step. A run that shows less
-// than was sent, but nothing else, sends nothing until it shows more: it
-// may show the same again (a resumed turn shows its text so far first).
+// parts: new text and reasoning as deltas, new tool calls and their
+// outcomes. Text and reasoning never shrink on the client: when the run's
+// no longer begin with what was sent (an attempt started over), the
+// current step is given up and the rest of the reply follows in a new
+// step. A run that shows less than was sent, but nothing else, sends
+// nothing until it shows more: it may show the same again (a resumed turn
+// shows its text so far first).
 func (u *uiStream) sync(parts []batonnats.LivePart) {
 	if !u.started {
 		return
 	}
+	parts = known(parts)
 	if u.offset > len(parts) {
 		// The run shows less than the steps given up: start over.
 		u.newStep(0)
@@ -161,12 +203,12 @@ func (u *uiStream) sync(parts []batonnats.LivePart) {
 		if s.Type != t.Type {
 			break
 		}
-		if t.Type == batonnats.PartText {
+		if textual(t.Type) {
 			if t.Text == s.Text {
 				continue
 			}
-			if i == len(u.sent)-1 && u.openText != "" && strings.HasPrefix(t.Text, s.Text) {
-				u.write(uiChunk{Type: "text-delta", ID: u.openText, Delta: t.Text[len(s.Text):]})
+			if i == len(u.sent)-1 && u.writing(t.Type) && strings.HasPrefix(t.Text, s.Text) {
+				u.write(uiChunk{Type: deltaType(t.Type), ID: u.open, Delta: t.Text[len(s.Text):]})
 				s.Text = t.Text
 				continue
 			}
@@ -201,7 +243,7 @@ func (u *uiStream) sync(parts []batonnats.LivePart) {
 // newStep gives up the current step: the client keeps what it shows, and
 // the reply goes on from parts[offset] in a new step.
 func (u *uiStream) newStep(offset int) {
-	u.closeText()
+	u.closePart()
 	u.write(uiChunk{Type: "finish-step"})
 	u.write(uiChunk{Type: "start-step"})
 	u.sent, u.offset = nil, offset
@@ -210,18 +252,26 @@ func (u *uiStream) newStep(offset int) {
 // part sends a new part.
 func (u *uiStream) part(p batonnats.LivePart) {
 	switch p.Type {
-	case batonnats.PartText:
+	case batonnats.PartText, batonnats.PartReasoning:
 		if p.Text == "" {
 			return
 		}
-		if u.openText == "" {
-			u.texts++
-			u.openText = "text-" + strconv.Itoa(u.texts)
-			u.write(uiChunk{Type: "text-start", ID: u.openText})
+		if u.open == "" || u.openKind != p.Type {
+			u.closePart()
+			start := "text-start"
+			if p.Type == batonnats.PartReasoning {
+				u.thoughts++
+				u.open, start = "reasoning-"+strconv.Itoa(u.thoughts), "reasoning-start"
+			} else {
+				u.texts++
+				u.open = "text-" + strconv.Itoa(u.texts)
+			}
+			u.openKind = p.Type
+			u.write(uiChunk{Type: start, ID: u.open})
 		}
-		u.write(uiChunk{Type: "text-delta", ID: u.openText, Delta: p.Text})
+		u.write(uiChunk{Type: deltaType(p.Type), ID: u.open, Delta: p.Text})
 	case batonnats.PartTool:
-		u.closeText()
+		u.closePart()
 		input := p.Input
 		if len(input) == 0 {
 			input = json.RawMessage(`{}`)
@@ -257,7 +307,7 @@ func (u *uiStream) toolOutcome(p batonnats.LivePart) {
 // approval streams the rest of the same reply.
 func (u *uiStream) awaitApproval(a *schema.ChatApproval) {
 	u.start(a.ReplyID)
-	u.closeText()
+	u.closePart()
 	if !u.tools[a.ToolCallID] {
 		u.part(batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: a.ToolCallID, Tool: a.Tool, Input: a.Arguments, State: batonnats.ToolInputAvailable})
 	}
@@ -267,11 +317,12 @@ func (u *uiStream) awaitApproval(a *schema.ChatApproval) {
 	u.end()
 }
 
-// sentText is the text of the current step, as sent.
-func (u *uiStream) sentText() string {
+// sentText is the text (kind batonnats.PartText) or the reasoning
+// (PartReasoning) of the current step, as sent.
+func (u *uiStream) sentText(kind string) string {
 	var b strings.Builder
 	for _, p := range u.sent {
-		if p.Type == batonnats.PartText {
+		if p.Type == kind {
 			b.WriteString(p.Text)
 		}
 	}
@@ -284,7 +335,7 @@ func (u *uiStream) sentText() string {
 func (u *uiStream) finish(m schema.ChatMessage) {
 	u.start(m.ID)
 	u.reconcile(m)
-	u.closeText()
+	u.closePart()
 	u.write(uiChunk{Type: "finish-step"})
 	reason := "stop"
 	switch {
@@ -298,13 +349,14 @@ func (u *uiStream) finish(m schema.ChatMessage) {
 }
 
 // reconcile sends what the client lacks of the committed reply m: its
-// tool calls or their outcomes not sent yet, and the rest of its text
-// when what was sent begins it. When the text sent is not the start of
-// the reply's (the client watched a run whose text the reply does not
-// keep), the reply follows whole in a new step.
+// tool calls or their outcomes not sent yet, and the rest of its
+// reasoning and of its text when what was sent begins them. When the text
+// or the reasoning sent is not the start of the reply's (the client
+// watched a run whose text the reply does not keep), the reply follows
+// whole in a new step.
 func (u *uiStream) reconcile(m schema.ChatMessage) {
-	sentText := u.sentText()
-	if !strings.HasPrefix(m.Content, sentText) {
+	sentText, sentThought := u.sentText(batonnats.PartText), u.sentText(batonnats.PartReasoning)
+	if !strings.HasPrefix(m.Content, sentText) || !strings.HasPrefix(m.Reasoning, sentThought) {
 		u.newStep(u.offset)
 		for _, p := range committedParts(m) {
 			u.part(p)
@@ -324,22 +376,32 @@ func (u *uiStream) reconcile(m schema.ChatMessage) {
 			u.sent[i].State, u.sent[i].Output = t.State, t.Output
 		}
 	}
-	rest := m.Content[len(sentText):]
-	if rest == "" {
-		return
-	}
-	if n := len(u.sent); n > 0 && u.sent[n-1].Type == batonnats.PartText && u.openText != "" {
-		u.write(uiChunk{Type: "text-delta", ID: u.openText, Delta: rest})
-		u.sent[n-1].Text += rest
-		return
-	}
-	u.part(batonnats.LivePart{Type: batonnats.PartText, Text: rest})
+	u.rest(batonnats.PartReasoning, m.Reasoning[len(sentThought):])
+	u.rest(batonnats.PartText, m.Content[len(sentText):])
 }
 
-// committedParts are the parts of a committed reply: its tool calls, then
-// its text (the journal keeps no place of a call in the text).
+// rest sends the rest of the reply's text or reasoning: in the part being
+// written when it is of that kind, else in a part of its own.
+func (u *uiStream) rest(kind, text string) {
+	if text == "" {
+		return
+	}
+	if u.writing(kind) {
+		u.write(uiChunk{Type: deltaType(kind), ID: u.open, Delta: text})
+		u.sent[len(u.sent)-1].Text += text
+		return
+	}
+	u.part(batonnats.LivePart{Type: kind, Text: text})
+}
+
+// committedParts are the parts of a committed reply: its reasoning, its
+// tool calls, then its text (the journal keeps no place of a call in the
+// text, nor of the reasoning of each step).
 func committedParts(m schema.ChatMessage) []batonnats.LivePart {
 	var out []batonnats.LivePart
+	if m.Reasoning != "" {
+		out = append(out, batonnats.LivePart{Type: batonnats.PartReasoning, Text: m.Reasoning})
+	}
 	for _, t := range m.Tools {
 		p := batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: t.CallID, Tool: t.Tool, Input: t.Input, State: batonnats.ToolOutputError}
 		switch t.Status {
@@ -359,7 +421,7 @@ func committedParts(m schema.ChatMessage) []batonnats.LivePart {
 // fail ends the stream with an error chunk: the turn failed (its user
 // text), or the chat went away.
 func (u *uiStream) fail(text string) {
-	u.closeText()
+	u.closePart()
 	u.write(uiChunk{Type: "error", ErrorText: text})
 	u.end()
 }
@@ -368,7 +430,7 @@ func (u *uiStream) fail(text string) {
 // answered it: there is no reply to show.
 func (u *uiStream) settle() {
 	if u.started {
-		u.closeText()
+		u.closePart()
 		u.write(uiChunk{Type: "finish-step"})
 	}
 	u.write(uiChunk{Type: "finish", FinishReason: "other"})

@@ -19,8 +19,9 @@ type uiMessage struct {
 	Parts    []uiPart       `json:"parts"`
 }
 
-// uiPart is a part of a UIMessage: text, the start of a step, or a tool
-// call (dynamic: Baton's tools are the server's, not the client's).
+// uiPart is a part of a UIMessage: text, reasoning, the start of a step,
+// or a tool call (dynamic: Baton's tools are the server's, not the
+// client's).
 type uiPart struct {
 	Type       string          `json:"type"`
 	Text       string          `json:"text,omitempty"`
@@ -40,10 +41,10 @@ type uiApproval struct {
 	Approved bool   `json:"approved"`
 }
 
-// toUIMessage is m as a UIMessage. A reply's parts are a step, its tool
-// calls (the journal keeps no place of a call in the text), then its text;
-// a failed turn's visible error is an assistant message with its text,
-// marked failed.
+// toUIMessage is m as a UIMessage. A reply's parts are a step, its
+// reasoning, its tool calls (the journal keeps no place of a call in the
+// text), then its text; a failed turn's visible error is an assistant
+// message with its text, marked failed.
 func toUIMessage(m schema.ChatMessage) uiMessage {
 	out := uiMessage{ID: m.ID, Role: "assistant", Metadata: metadataOf(m)}
 	if m.Role == schema.RoleUser {
@@ -52,6 +53,9 @@ func toUIMessage(m schema.ChatMessage) uiMessage {
 		return out
 	}
 	out.Parts = append(out.Parts, uiPart{Type: "step-start"})
+	if m.Reasoning != "" {
+		out.Parts = append(out.Parts, uiPart{Type: "reasoning", Text: m.Reasoning, State: "done"})
+	}
 	for _, t := range m.Tools {
 		p := uiPart{Type: "dynamic-tool", ToolName: t.Tool, ToolCallID: t.CallID, Input: t.Input}
 		if len(p.Input) == 0 {

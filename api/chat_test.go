@@ -74,6 +74,46 @@ func chatModel(n int, req agenttest.Request) agenttest.Response {
 	return agenttest.Response{Content: "echo: " + last, ChunkSize: 4}
 }
 
+// thinker answers "think N" itself, as an agent whose model shows its
+// reasoning does, through consumer.StepLive: N words of reasoning
+// ("r1 r2 ..."), then N words of text ("t1 t2 ..."), a word every 10 ms.
+// It hands every other message to model.
+type thinker struct{ model consumer.Agent }
+
+func (th thinker) Step(ctx context.Context, req consumer.StepRequest) (consumer.Step, error) {
+	msgs := req.Turn.Messages
+	var n int
+	if _, err := fmt.Sscanf(msgs[len(msgs)-1].Content, "think %d", &n); err != nil || n < 1 {
+		return th.model.Step(ctx, req)
+	}
+	reasoning, text := words("r", n), words("t", n)
+	for _, w := range []struct {
+		show func(string)
+		of   string
+	}{{req.Live.Reasoning, reasoning}, {req.Live.Text, text}} {
+		for i, word := range strings.SplitAfter(w.of, " ") {
+			if i > 0 {
+				select {
+				case <-ctx.Done():
+					return consumer.Step{}, context.Cause(ctx)
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			w.show(word)
+		}
+	}
+	return consumer.Step{Text: text, Reasoning: reasoning}, nil
+}
+
+// words is "<prefix>1 <prefix>2 ... <prefix>n".
+func words(prefix string, n int) string {
+	ws := make([]string, n)
+	for i := range ws {
+		ws[i] = fmt.Sprintf("%s%d", prefix, i+1)
+	}
+	return strings.Join(ws, " ")
+}
+
 func startChatStack(t *testing.T) *chatStack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -94,7 +134,7 @@ func startChatStack(t *testing.T) *chatStack {
 	go func() {
 		done <- cli.RunStack(ctx, cli.StackConfig{
 			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
-			Worker: consumer.Config{Agent: a, Tools: reg.Tools(), ToolSource: mcp, MaxAttempts: 2, Lease: 5 * time.Second,
+			Worker: consumer.Config{Agent: thinker{model: a}, Tools: reg.Tools(), ToolSource: mcp, MaxAttempts: 2, Lease: 5 * time.Second,
 				Debounce: 50 * time.Millisecond},
 		}, db.Pool, nc)
 	}()
@@ -250,10 +290,15 @@ func (c *chunks) count(typ string) int {
 }
 
 // text is what the text deltas add up to.
-func (c *chunks) text() string {
+func (c *chunks) text() string { return c.deltas("text-delta") }
+
+// reasoning is what the reasoning deltas add up to.
+func (c *chunks) reasoning() string { return c.deltas("reasoning-delta") }
+
+func (c *chunks) deltas(typ string) string {
 	var b strings.Builder
 	for _, ch := range c.all {
-		if ch["type"] == "text-delta" {
+		if ch["type"] == typ {
 			b.WriteString(ch["delta"].(string))
 		}
 	}
@@ -484,6 +529,65 @@ func TestTheChatAdapter(t *testing.T) {
 		require.Contains(t, r.Raw, "running")
 		require.Equal(t, http.StatusOK, s.do(t, s.alice, "POST", "/v1/conversations/regen/stop", nil).Status)
 		running.rest()
+	})
+
+	t.Run("reasoning streams as reasoning chunks before the text, and the history and the messages keep it apart", func(t *testing.T) {
+		t.Parallel()
+		c := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("thinking", "th1", "think 6"))
+		c.rest()
+		require.Equal(t, "r1 r2 r3 r4 r5 r6", c.reasoning())
+		require.Equal(t, "t1 t2 t3 t4 t5 t6", c.text(), "no reasoning in the text")
+		types := slices.Compact(c.types())
+		require.Equal(t, []string{"start", "start-step", "reasoning-start", "reasoning-delta", "reasoning-end",
+			"text-start", "text-delta", "text-end", "finish-step", "finish"}, types)
+		id := c.first("reasoning-start")["id"]
+		for _, ch := range c.all {
+			switch ch["type"] {
+			case "reasoning-delta":
+				require.Equal(t, []string{"delta", "id", "type"}, keys(ch), "the fields of the AI SDK's chunk")
+				require.Equal(t, id, ch["id"], "every reasoning chunk names the part reasoning-start opened")
+			case "reasoning-start", "reasoning-end":
+				require.Equal(t, []string{"id", "type"}, keys(ch))
+				require.Equal(t, id, ch["id"])
+			}
+		}
+		require.NotEqual(t, id, c.first("text-start")["id"], "the text is another part")
+
+		h := s.history(t, s.alice, "thinking")
+		require.Len(t, h, 2)
+		require.Equal(t, c.first("start")["messageId"], h[1]["id"])
+		require.Equal(t, []any{
+			map[string]any{"type": "step-start"},
+			map[string]any{"type": "reasoning", "text": "r1 r2 r3 r4 r5 r6", "state": "done"},
+			map[string]any{"type": "text", "text": "t1 t2 t3 t4 t5 t6", "state": "done"},
+		}, h[1]["parts"], "the reasoning part comes before the text part")
+
+		msgs := s.do(t, s.alice, "GET", convPath("thinking", "/messages"), nil)
+		require.Equal(t, http.StatusOK, msgs.Status, msgs.Raw)
+		list := msgs.Body["messages"].([]any)
+		require.Len(t, list, 2)
+		require.NotContains(t, list[0], "reasoning", "a message without reasoning has no field for it")
+		require.Equal(t, "r1 r2 r3 r4 r5 r6", list[1].(map[string]any)["reasoning"])
+		require.Equal(t, "t1 t2 t3 t4 t5 t6", list[1].(map[string]any)["content"])
+	})
+
+	t.Run("a resumed stream shows the reasoning and the text exactly once", func(t *testing.T) {
+		t.Parallel()
+		post := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("thought-resumed", "tr1", "think 40"))
+		for post.count("reasoning-delta") < 10 {
+			require.NotNil(t, post.next(), "the stream ended after %d reasoning deltas", post.count("reasoning-delta"))
+		}
+		resumed := s.openChat(t, s.other, "GET", "/v1/chat/thought-resumed/stream", s.alice, nil)
+		resumed.rest()
+		post.rest()
+		for _, c := range []*chunks{post, resumed} {
+			require.Equal(t, words("r", 40), c.reasoning(), "the reasoning so far, then live deltas: nothing twice, nothing skipped")
+			require.Equal(t, words("t", 40), c.text())
+			require.Equal(t, 1, c.count("reasoning-start"))
+			require.Equal(t, 1, c.count("text-start"))
+		}
+		require.GreaterOrEqual(t, strings.Count(resumed.first("reasoning-delta")["delta"].(string), "r"), 10,
+			"the first reasoning delta is the reasoning so far")
 	})
 
 	t.Run("a failed turn ends with an error chunk carrying the user's text", func(t *testing.T) {

@@ -74,9 +74,9 @@ type StepRequest struct {
 	// themselves, see DeclaredTool), sorted by name; the same for each
 	// step of a turn.
 	Tools []ToolSpec
-	// Live shows the step's text while the agent writes it. A step that
-	// streams shows each piece; one that does not shows nothing, and its
-	// text is shown when the step returns.
+	// Live shows the step's text and reasoning while the agent writes
+	// them. A step that streams shows each piece; one that does not shows
+	// nothing, and its text and reasoning are shown when the step returns.
 	Live StepLive
 }
 
@@ -130,6 +130,11 @@ const paragraph = "\n\n"
 type Step struct {
 	// Text is what the step says, whole (also when it streamed).
 	Text string `json:"text,omitempty"`
+	// Reasoning is what the model thought before it answered, whole (also
+	// when it streamed), for agents whose model shows it. It is kept with
+	// the reply and shown apart from its text; an agent never sends it
+	// back to its model.
+	Reasoning string `json:"reasoning,omitempty"`
 	// Calls are the tools the step asks for, in order. The turn runner
 	// gives each an ID unique within the turn when the agent gave none,
 	// or one an earlier call has.
@@ -202,14 +207,21 @@ type ToolSpec struct {
 type StepLive interface {
 	// Text appends text to the step's answer.
 	Text(delta string)
-	// Retry voids what the step has shown so far: the agent tries it
-	// again.
+	// Reasoning appends text to the step's reasoning, shown apart from
+	// its answer.
+	Reasoning(delta string)
+	// Retry voids what the step has shown so far, its reasoning
+	// included: the agent tries it again.
 	Retry()
 }
 
 // Reply is a turn's answer.
 type Reply struct {
 	Content string
+	// Reasoning is the turn's reasoning: the reasoning of its steps, a
+	// paragraph each, as Content holds their text. Empty when the agent
+	// showed none.
+	Reasoning string
 	// Truncated is set when the model stopped before the end of its
 	// answer (it ran out of output tokens): the reply is stored and shown
 	// as cut off, never as a silent whole.

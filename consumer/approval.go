@@ -87,8 +87,10 @@ func (e *NotSentError) Error() string {
 type loopState struct {
 	// Version tells a resuming worker the layout.
 	Version int `json:"version"`
-	// Text is the reply so far: the text of the steps that stood.
-	Text string `json:"text,omitempty"`
+	// Text is the reply so far: the text of the steps that stood;
+	// Reasoning their reasoning.
+	Text      string `json:"text,omitempty"`
+	Reasoning string `json:"reasoning,omitempty"`
 	// Steps are the completed steps; Step is the one whose call waits,
 	// with the results of the calls before it.
 	Steps []Step `json:"steps,omitempty"`
@@ -104,7 +106,7 @@ const loopStateVersion = 2
 // suspend stops the turn at the first call of step without a result, or
 // at the agent's question q.
 func (l *loop) suspend(step Step, q *Question) error {
-	st := loopState{Version: loopStateVersion, Text: l.live.text(), Steps: l.steps, Step: step}
+	st := loopState{Version: loopStateVersion, Text: l.live.text(), Reasoning: l.live.reasoning(), Steps: l.steps, Step: step}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("keep the turn's state for its approval: %w", err)
@@ -129,7 +131,7 @@ func (l *loop) restore() (Step, error) {
 	if len(st.Step.Results) >= len(st.Step.Calls) || st.Step.Calls[len(st.Step.Results)].ID != r.ToolCallID {
 		return Step{}, fmt.Errorf("the state of approval %s does not end at its call %s", r.ApprovalID, r.ToolCallID)
 	}
-	l.live.restore(st.Text)
+	l.live.restore(st.Text, st.Reasoning)
 	l.steps = st.Steps
 	for _, s := range append(st.Steps, st.Step) {
 		for _, c := range s.Calls {

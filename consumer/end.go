@@ -27,7 +27,7 @@ func (t *turn) settleLost(ctx context.Context, err error) bool {
 	case errors.Is(err, schema.ErrStopRequested):
 		// Asked to stop before this end committed: the turn ends stopped,
 		// with what it showed.
-		t.finalize(ctx, Reply{Content: t.live.text()}, true)
+		t.finalize(ctx, t.live.stopped(), true)
 	case errors.Is(err, schema.ErrConversationDeleted):
 		t.cancelled(ctx)
 	case errors.Is(err, schema.ErrLeaseLost):
@@ -66,6 +66,7 @@ func (t *turn) finalize(ctx context.Context, reply Reply, stopped bool) {
 		OutboxIDs:      c.OutboxIDs,
 		Generation:     c.Generation,
 		Content:        reply.Content,
+		Reasoning:      reply.Reasoning,
 		Truncated:      reply.Truncated,
 		Stopped:        stopped,
 		// A capped turn leaves pending rows for the next one on purpose:

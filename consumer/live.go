@@ -47,13 +47,18 @@ func newLiveRun(pub Publisher, conversationID, runID string, log zerolog.Logger)
 }
 
 // Show publishes one step of the text: batonnats.DeltaText appends
-// text, DeltaReset replaces the text shown with text, DeltaDone says the
+// text, batonnats.DeltaReasoning appends reasoning, DeltaDone says the
 // agent finished writing.
 func (l *liveRun) Show(t batonnats.DeltaType, text string) {
-	if t == batonnats.DeltaText && text == "" {
+	if (t == batonnats.DeltaText || t == batonnats.DeltaReasoning) && text == "" {
 		return
 	}
 	l.publish(batonnats.LiveDelta{Type: t, Text: text})
+}
+
+// reset replaces the text and the reasoning shown with these.
+func (l *liveRun) reset(text, reasoning string) {
+	l.publish(batonnats.LiveDelta{Type: batonnats.DeltaReset, Text: text, Reasoning: reasoning})
 }
 
 // toolInput shows a tool call that the journal started.
@@ -105,11 +110,12 @@ func (l *liveRun) publish(d batonnats.LiveDelta) {
 	}
 }
 
-// text is the text shown so far: a stopped turn's reply.
-func (l *liveRun) text() string {
+// stopped is a stopped turn's reply: the text and the reasoning shown so
+// far.
+func (l *liveRun) stopped() Reply {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.reply.Text()
+	return Reply{Content: l.reply.Text(), Reasoning: l.reply.Reasoning()}
 }
 
 // respond answers a snapshot request with the reply so far, under the
@@ -127,18 +133,20 @@ func (l *liveRun) respond(m *natsclient.Msg) {
 	}
 }
 
-// stepLive is the StepLive of a turn's steps: it keeps the text that
-// stands (the steps that completed) apart from the text of the step in
-// progress, so that a step the agent tries again resets the live reply to
-// what stands, and shows each step's text as its own paragraph.
+// stepLive is the StepLive of a turn's steps: it keeps the text and the
+// reasoning that stand (the steps that completed) apart from those of the
+// step in progress, so that a step the agent tries again resets the live
+// reply to what stands, and shows each step's text and reasoning as a
+// paragraph of its own.
 type stepLive struct {
 	run *liveRun
 
 	mu sync.Mutex
 	// stands is the text of the completed steps; step is the text the
-	// step in progress has shown.
-	stands strings.Builder
-	step   strings.Builder
+	// step in progress has shown. thought and stepThought are their
+	// reasoning.
+	stands, step         strings.Builder
+	thought, stepThought strings.Builder
 }
 
 var _ StepLive = (*stepLive)(nil)
@@ -150,16 +158,37 @@ func (l *stepLive) Text(delta string) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stands.Len() > 0 && l.step.Len() == 0 {
-		// The separator is part of the reply, so it is shown too.
-		l.show(paragraph)
-	}
 	l.show(delta)
 }
 
+// Reasoning implements StepLive.
+func (l *stepLive) Reasoning(delta string) {
+	if delta == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.showReasoning(delta)
+}
+
+// show shows text of the step in progress, after the paragraph that
+// separates it from the text that stands.
 func (l *stepLive) show(text string) {
+	if l.stands.Len() > 0 && l.step.Len() == 0 {
+		// The separator is part of the reply, so it is shown too.
+		text = paragraph + text
+	}
 	l.step.WriteString(text)
 	l.run.Show(batonnats.DeltaText, text)
+}
+
+// showReasoning is show for reasoning.
+func (l *stepLive) showReasoning(text string) {
+	if l.thought.Len() > 0 && l.stepThought.Len() == 0 {
+		text = paragraph + text
+	}
+	l.stepThought.WriteString(text)
+	l.run.Show(batonnats.DeltaReasoning, text)
 }
 
 // Retry implements StepLive.
@@ -170,49 +199,67 @@ func (l *stepLive) Retry() {
 }
 
 func (l *stepLive) retry() {
-	if l.step.Len() == 0 {
+	if l.step.Len() == 0 && l.stepThought.Len() == 0 {
 		return
 	}
 	l.step.Reset()
-	l.run.Show(batonnats.DeltaReset, l.stands.String())
+	l.stepThought.Reset()
+	l.run.reset(l.stands.String(), l.thought.String())
 }
 
-// commit makes a step's text stand. text is the step's whole text as the
-// agent finally gave it; what streamed is replaced when it differs (a
-// server that sent the content whole after fragments, or none).
-func (l *stepLive) commit(text string) {
+// commit makes a step's text and reasoning stand. They are the step's
+// whole text and reasoning as the agent finally gave them; what streamed
+// is completed when it begins them, and replaced when it does not (a
+// server that sent the content whole after fragments, or none): the step
+// is reset to what stands and shown again whole.
+func (l *stepLive) commit(text, reasoning string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if text == "" {
+	if text == "" && reasoning == "" {
 		l.retry()
 		return
 	}
-	streamed := l.step.String()
-	sep := ""
-	if l.stands.Len() > 0 {
-		sep = paragraph
+	want := func(stands *strings.Builder, s string) string {
+		if stands.Len() > 0 && s != "" {
+			return paragraph + s
+		}
+		return s
 	}
-	switch {
-	case streamed == sep+text:
-	case streamed == "" || strings.HasPrefix(sep+text, streamed):
-		l.show(strings.TrimPrefix(sep+text, streamed))
-	default:
-		l.run.Show(batonnats.DeltaReset, l.stands.String()+sep+text)
+	wantText, wantThought := want(&l.stands, text), want(&l.thought, reasoning)
+	streamed, thought := l.step.String(), l.stepThought.String()
+	restText, ok1 := strings.CutPrefix(wantText, streamed)
+	restThought, ok2 := strings.CutPrefix(wantThought, thought)
+	if !ok1 || !ok2 || restThought != "" && streamed != "" {
+		// Reasoning that would follow the text it precedes is shown
+		// again whole too.
+		l.retry()
+		restText, restThought = wantText, wantThought
 	}
-	l.stands.WriteString(sep + text)
+	if restThought != "" {
+		l.stepThought.WriteString(restThought)
+		l.run.Show(batonnats.DeltaReasoning, restThought)
+	}
+	if restText != "" {
+		l.step.WriteString(restText)
+		l.run.Show(batonnats.DeltaText, restText)
+	}
+	l.stands.WriteString(wantText)
+	l.thought.WriteString(wantThought)
 	l.step.Reset()
+	l.stepThought.Reset()
 }
 
-// restore makes the text a stopped turn had shown stand again, and shows
-// it.
-func (l *stepLive) restore(text string) {
-	if text == "" {
+// restore makes the text and the reasoning a stopped turn had shown stand
+// again, and shows them.
+func (l *stepLive) restore(text, reasoning string) {
+	if text == "" && reasoning == "" {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stands.WriteString(text)
-	l.run.Show(batonnats.DeltaReset, text)
+	l.thought.WriteString(reasoning)
+	l.run.reset(text, reasoning)
 }
 
 // text is the reply so far: the text of the completed steps.
@@ -222,8 +269,15 @@ func (l *stepLive) text() string {
 	return l.stands.String()
 }
 
+// reasoning is the reasoning of the completed steps.
+func (l *stepLive) reasoning() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.thought.String()
+}
+
 // clear tells subscribers to drop what an earlier attempt showed.
-func (l *stepLive) clear() { l.run.Show(batonnats.DeltaReset, "") }
+func (l *stepLive) clear() { l.run.reset("", "") }
 
 // done tells subscribers the agent finished.
 func (l *stepLive) done() { l.run.Show(batonnats.DeltaDone, "") }
@@ -232,10 +286,12 @@ func (l *stepLive) done() { l.run.Show(batonnats.DeltaDone, "") }
 func (l *stepLive) failed() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stands.Len() == 0 && l.step.Len() == 0 {
+	if l.stands.Len() == 0 && l.step.Len() == 0 && l.thought.Len() == 0 && l.stepThought.Len() == 0 {
 		return
 	}
 	l.stands.Reset()
 	l.step.Reset()
-	l.run.Show(batonnats.DeltaReset, "")
+	l.thought.Reset()
+	l.stepThought.Reset()
+	l.run.reset("", "")
 }

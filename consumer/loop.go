@@ -45,7 +45,9 @@ type Loop struct {
 	Logger *zerolog.Logger
 }
 
-// Run runs the turn's steps and returns its reply.
+// Run runs the turn's steps and returns its reply. A turn stopped by its
+// context with the cause ErrStopped returns ErrStopped with the reply it
+// had shown, its text and its reasoning, as a worker keeps it.
 func (l Loop) Run(ctx context.Context, turn Turn) (Reply, error) {
 	switch {
 	case l.Agent == nil:
@@ -64,7 +66,11 @@ func (l Loop) Run(ctx context.Context, turn Turn) (Reply, error) {
 	live := newLiveRun(l.Live, turn.ConversationID, turn.RunID, log)
 	lp := newLoop(l.Agent, &turn, l.Tools, l.Executor, live, max, log)
 	lp.resume = l.Resume
-	return lp.run(ctx)
+	reply, err := lp.run(ctx)
+	if errors.Is(err, ErrStopped) {
+		reply = live.stopped()
+	}
+	return reply, err
 }
 
 // ErrToolIterations ends a turn whose agent was still asking for tools
@@ -184,18 +190,18 @@ func (l *loop) runSteps(ctx context.Context) (Reply, error) {
 			}
 			return Reply{}, err
 		}
-		l.live.commit(step.Text)
+		l.live.commit(step.Text, step.Reasoning)
 		text := l.live.text()
 		switch {
 		case step.Truncated && text == "":
 			return Reply{}, emptyReplyError{}
 		case step.Truncated:
 			l.log.Info().Int("tool_calls_dropped", len(step.Calls)).Msg("reply cut off at the agent's output limit")
-			return Reply{Content: text, Truncated: true}, nil
+			return Reply{Content: text, Reasoning: l.live.reasoning(), Truncated: true}, nil
 		case len(step.Calls) == 0 && len(step.Questions) == 0 && text == "":
 			return Reply{}, emptyReplyError{}
 		case len(step.Calls) == 0 && len(step.Questions) == 0:
-			return Reply{Content: text}, nil
+			return Reply{Content: text, Reasoning: l.live.reasoning()}, nil
 		case index >= l.maxTools:
 			return Reply{}, &stepBudgetError{max: l.maxTools}
 		}

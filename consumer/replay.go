@@ -25,15 +25,15 @@ type stepJournal interface {
 // replay goes on from the turn's journal: each journaled step is taken as
 // the agent answered it, with the results its calls have in the journal,
 // and the calls of the last one that have none are made now. The agent is
-// not asked again for any of them. The text the steps said is shown again
-// as one reset, which a client that saw it from an earlier run already
-// shows, and one that did not is given whole.
+// not asked again for any of them. The text and the reasoning the steps
+// said are shown again as one reset, which a client that saw them from an
+// earlier run already shows, and one that did not is given whole.
 func (l *loop) replay(ctx context.Context) error {
-	var said []string
+	var said, thought []string
 	shown := false
 	show := func() {
 		if !shown {
-			l.live.restore(strings.Join(said, paragraph))
+			l.live.restore(strings.Join(said, paragraph), strings.Join(thought, paragraph))
 			shown = true
 		}
 	}
@@ -60,6 +60,9 @@ func (l *loop) replay(ctx context.Context) error {
 		}
 		if step.Text != "" {
 			said = append(said, step.Text)
+		}
+		if step.Reasoning != "" {
+			thought = append(thought, step.Reasoning)
 		}
 		l.answered(&step, rec)
 		if len(step.Results) == len(step.Calls) && step.answered() {

@@ -214,7 +214,7 @@ func (t *turn) outcome(reply Reply, err error) (Reply, bool, error) {
 	// The reply is what the run showed, or the whole answer when the
 	// agent had finished (the stop came in the quiet window).
 	if !answered {
-		reply = Reply{Content: t.live.text()}
+		reply = t.live.stopped()
 	}
 	return reply, true, nil
 }

@@ -33,17 +33,24 @@ func validToken(s string) bool {
 	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
 }
 
-// DeltaType says what a live delta does to the text a subscriber shows.
+// DeltaType says what a live delta does to the reply a subscriber shows.
+// A subscriber skips a type it does not know: later versions may add
+// some, and a snapshot (LiveReply) says what the reply shows whatever
+// they were.
 type DeltaType string
 
 const (
 	// DeltaText appends Text.
 	DeltaText DeltaType = "delta"
-	// DeltaReset replaces everything shown for the run with Text: the
-	// attempt started over (a model call was retried after part of its
-	// reply had streamed), and what streamed since the last good point is
-	// void.
+	// DeltaReset replaces the text shown for the run with Text, and the
+	// reasoning shown with Reasoning (none when it is empty): the attempt
+	// started over (a model call was retried after part of its reply had
+	// streamed), and what streamed since the last good point is void.
 	DeltaReset DeltaType = "reset"
+	// DeltaReasoning appends Text to the reasoning the run shows: what the
+	// model thinks before it answers, shown apart from the reply's text
+	// and never part of it.
+	DeltaReasoning DeltaType = "reasoning"
 	// DeltaDone says the agent finished writing. The reply becomes durable
 	// only when the turn's finalize commits it.
 	DeltaDone DeltaType = "done"
@@ -62,14 +69,16 @@ const (
 )
 
 // LiveDelta is the body of a live message, one step of the reply a run is
-// writing: text, or a tool call. Seq starts at 1 and grows by one with
-// each event of a run, so a subscriber can tell a gap (core NATS may drop
-// messages for a slow consumer) from the end of the stream.
+// writing: text, reasoning, or a tool call. Seq starts at 1 and grows by
+// one with each event of a run, so a subscriber can tell a gap (core NATS
+// may drop messages for a slow consumer) from the end of the stream.
 type LiveDelta struct {
 	RunID string    `json:"run_id"`
 	Seq   int64     `json:"seq"`
 	Type  DeltaType `json:"type"`
 	Text  string    `json:"text,omitempty"`
+	// Reasoning is a reset's: the reasoning that stands.
+	Reasoning string `json:"reasoning,omitempty"`
 	// ToolCallID names the tool call of a tool_input, tool_output,
 	// tool_error or tool_denied; Tool and Input are a tool_input's.
 	ToolCallID string          `json:"tool_call_id,omitempty"`
@@ -84,13 +93,13 @@ func ParseLiveDelta(data []byte) (LiveDelta, error) {
 		return LiveDelta{}, fmt.Errorf("nats: live message is not a live delta: %w", err)
 	}
 	switch e.Type {
-	case DeltaText, DeltaReset, DeltaDone:
+	case DeltaText, DeltaReset, DeltaDone, DeltaReasoning:
 	case DeltaToolInput, DeltaToolOutput, DeltaToolError, DeltaToolDenied:
 		if e.ToolCallID == "" || e.Type == DeltaToolInput && (e.Tool == "" || len(e.Input) == 0) {
 			return LiveDelta{}, fmt.Errorf("nats: live delta %s lacks tool_call_id, tool or input: %s", e.Type, data)
 		}
 	default:
-		return LiveDelta{}, fmt.Errorf("nats: live delta has unknown type %q: want delta, reset, done, tool_input, tool_output, tool_error or tool_denied", e.Type)
+		return LiveDelta{}, fmt.Errorf("nats: live delta has unknown type %q: want delta, reasoning, reset, done, tool_input, tool_output, tool_error or tool_denied", e.Type)
 	}
 	if e.RunID == "" || e.Seq < 1 {
 		return LiveDelta{}, fmt.Errorf("nats: live delta lacks run_id or a positive seq: %s", data)
@@ -109,7 +118,7 @@ func LiveText(events []LiveDelta) string {
 }
 
 // LiveReply is the reply of one run as its live deltas show it so far:
-// text and tool calls in the order they came. It is also the answer to a
+// reasoning, text and tool calls in the order they came. It is also the answer to a
 // snapshot request (SnapshotSubject): what a client that joins the run
 // late shows first, Seq the last delta it folds in. A copy that Apply is
 // called on must not be copied again.
@@ -128,6 +137,9 @@ type LiveReply struct {
 const (
 	PartText = "text"
 	PartTool = "tool"
+	// PartReasoning is reasoning: what the model thought before the
+	// parts that follow it.
+	PartReasoning = "reasoning"
 )
 
 // States of a tool call LivePart.
@@ -138,7 +150,7 @@ const (
 	ToolOutputDenied    = "output-denied"
 )
 
-// LivePart is a piece of a LiveReply: text, or a tool call.
+// LivePart is a piece of a LiveReply: text, reasoning, or a tool call.
 type LivePart struct {
 	Type string `json:"type"`
 	Text string `json:"text,omitempty"`
@@ -151,11 +163,20 @@ type LivePart struct {
 	Output     string          `json:"output,omitempty"`
 }
 
-// Apply folds the next delta of the run into r. A reset keeps the tool
-// calls where they stand: when its text begins the text shown so far
-// (an attempt's model call started over from what stood), the text is cut
-// back to it; otherwise all text goes and the reset's text follows the
-// tool calls.
+// Apply folds the next delta of the run into r. Text and reasoning
+// deltas append to the last part when it is of their kind, and start a
+// part of their own otherwise: reasoning comes before the text it
+// precedes.
+//
+// A reset keeps the tool calls where they stand and treats text and
+// reasoning alike, each on its own: when the reset's text (reasoning)
+// begins the text (reasoning) shown so far, an attempt's model call
+// started over from what stood, and the text (reasoning) is cut back to
+// it from the end, emptied parts removed; otherwise all of it goes and
+// the reset's follows the parts that stay (reasoning first when both are
+// replaced). So a reset voids exactly the reasoning shown after the point
+// it keeps, as it does the text. A delta of a type Apply does not know
+// changes nothing but Seq.
 func (r *LiveReply) Apply(d LiveDelta) {
 	r.Seq = max(r.Seq, d.Seq)
 	if r.RunID == "" {
@@ -163,23 +184,13 @@ func (r *LiveReply) Apply(d LiveDelta) {
 	}
 	switch d.Type {
 	case DeltaText:
-		n := len(r.Parts)
-		if n == 0 || r.Parts[n-1].Type != PartText {
-			if d.Text == "" {
-				return
-			}
-			r.Parts, r.tail = append(r.Parts, LivePart{Type: PartText}), nil
-			n++
-		}
-		if r.tail == nil {
-			r.tail = &strings.Builder{}
-			r.tail.WriteString(r.Parts[n-1].Text)
-		}
-		r.tail.WriteString(d.Text)
-		r.Parts[n-1].Text = r.tail.String()
+		r.appendTo(PartText, d.Text)
+	case DeltaReasoning:
+		r.appendTo(PartReasoning, d.Text)
 	case DeltaReset:
 		r.tail = nil
-		r.reset(d.Text)
+		r.reset(PartReasoning, d.Reasoning)
+		r.reset(PartText, d.Text)
 	case DeltaDone:
 		r.Done = true
 	case DeltaToolInput:
@@ -202,38 +213,67 @@ func (r *LiveReply) Apply(d LiveDelta) {
 	}
 }
 
-func (r *LiveReply) reset(text string) {
-	if shown := r.Text(); strings.HasPrefix(shown, text) {
-		// Cut the text back to len(text), from the end.
+// appendTo appends text to the last part when it is of kind, else to a
+// new part of kind.
+func (r *LiveReply) appendTo(kind, text string) {
+	n := len(r.Parts)
+	if n == 0 || r.Parts[n-1].Type != kind {
+		if text == "" {
+			return
+		}
+		r.Parts, r.tail = append(r.Parts, LivePart{Type: kind}), nil
+		n++
+	}
+	if r.tail == nil {
+		r.tail = &strings.Builder{}
+		r.tail.WriteString(r.Parts[n-1].Text)
+	}
+	r.tail.WriteString(text)
+	r.Parts[n-1].Text = r.tail.String()
+}
+
+// reset makes the parts of kind (text or reasoning) show text: cut back
+// to it when it begins what they show, else replaced by it after the
+// parts that stay.
+func (r *LiveReply) reset(kind, text string) {
+	if shown := r.joined(kind); strings.HasPrefix(shown, text) {
+		// Cut back to len(text), from the end.
 		cut := len(shown) - len(text)
 		for i := len(r.Parts) - 1; i >= 0 && cut > 0; i-- {
 			p := &r.Parts[i]
-			if p.Type != PartText {
+			if p.Type != kind {
 				continue
 			}
 			n := min(cut, len(p.Text))
 			p.Text = p.Text[:len(p.Text)-n]
 			cut -= n
 		}
-		r.Parts = slices.DeleteFunc(r.Parts, func(p LivePart) bool { return p.Type == PartText && p.Text == "" })
+		r.Parts = slices.DeleteFunc(r.Parts, func(p LivePart) bool { return p.Type == kind && p.Text == "" })
 		return
 	}
-	r.Parts = slices.DeleteFunc(r.Parts, func(p LivePart) bool { return p.Type == PartText })
+	r.Parts = slices.DeleteFunc(r.Parts, func(p LivePart) bool { return p.Type == kind })
 	if text != "" {
-		r.Parts = append(r.Parts, LivePart{Type: PartText, Text: text})
+		r.Parts = append(r.Parts, LivePart{Type: kind, Text: text})
 	}
 }
 
-// Text is the text the reply shows, its text parts joined.
-func (r LiveReply) Text() string {
+// joined is the text of the parts of kind, joined.
+func (r LiveReply) joined(kind string) string {
 	var b strings.Builder
 	for _, p := range r.Parts {
-		if p.Type == PartText {
+		if p.Type == kind {
 			b.WriteString(p.Text)
 		}
 	}
 	return b.String()
 }
+
+// Text is the text the reply shows, its text parts joined: reasoning is
+// no part of it.
+func (r LiveReply) Text() string { return r.joined(PartText) }
+
+// Reasoning is the reasoning the reply shows, its reasoning parts joined.
+func (r LiveReply) Reasoning() string { return r.joined(PartReasoning) }
 
 // SnapshotPrefix is the first tokens of the subjects on which a client that
 // joins a run late asks the worker that runs it for the reply so far: a

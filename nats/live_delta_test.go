@@ -43,6 +43,12 @@ func TestParseLiveEventRejectsWhatIsNotAnEvent(t *testing.T) {
 	e, err := batonnats.ParseLiveDelta([]byte(`{"run_id":"run_1","seq":3,"type":"delta","text":"hi"}`))
 	require.NoError(t, err)
 	require.Equal(t, batonnats.LiveDelta{RunID: "run_1", Seq: 3, Type: batonnats.DeltaText, Text: "hi"}, e)
+	e, err = batonnats.ParseLiveDelta([]byte(`{"run_id":"run_1","seq":4,"type":"reasoning","text":"hm"}`))
+	require.NoError(t, err)
+	require.Equal(t, batonnats.LiveDelta{RunID: "run_1", Seq: 4, Type: batonnats.DeltaReasoning, Text: "hm"}, e)
+	e, err = batonnats.ParseLiveDelta([]byte(`{"run_id":"run_1","seq":5,"type":"reset","text":"a","reasoning":"b"}`))
+	require.NoError(t, err)
+	require.Equal(t, batonnats.LiveDelta{RunID: "run_1", Seq: 5, Type: batonnats.DeltaReset, Text: "a", Reasoning: "b"}, e)
 	for _, bad := range []string{`not json`, `{"run_id":"r","seq":1,"type":"shout"}`, `{"run_id":"","seq":1,"type":"done"}`, `{"run_id":"r","seq":0,"type":"done"}`} {
 		_, err := batonnats.ParseLiveDelta([]byte(bad))
 		require.Error(t, err, "%s must be refused", bad)
@@ -94,6 +100,93 @@ func TestLiveReplyKeepsToolCallsInPlaceAcrossResets(t *testing.T) {
 	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 10, Type: batonnats.DeltaReset})
 	require.Equal(t, "", r.Text())
 	require.Len(t, r.Parts, 2, "a reset to nothing leaves only the tool calls")
+}
+
+// TestLiveReasoningFoldsIntoItsOwnPartsAndNeverJoinsTheText: reasoning
+// deltas append to a reasoning part before the text they precede, a
+// reasoning delta after text or a tool call starts a part of its own, and
+// neither Text nor the text parts hold any of it.
+func TestLiveReasoningFoldsIntoItsOwnPartsAndNeverJoinsTheText(t *testing.T) {
+	t.Parallel()
+	var r batonnats.LiveReply
+	for _, d := range []batonnats.LiveDelta{
+		{RunID: "run_1", Seq: 1, Type: batonnats.DeltaReasoning, Text: "The user wants "},
+		{RunID: "run_1", Seq: 2, Type: batonnats.DeltaReasoning, Text: "the time."},
+		{RunID: "run_1", Seq: 3, Type: batonnats.DeltaText, Text: "Let me look."},
+		{RunID: "run_1", Seq: 4, Type: batonnats.DeltaToolInput, ToolCallID: "c1", Tool: "clock", Input: []byte(`{}`)},
+		{RunID: "run_1", Seq: 5, Type: batonnats.DeltaToolOutput, ToolCallID: "c1", Text: "noon"},
+		{RunID: "run_1", Seq: 6, Type: batonnats.DeltaReasoning, Text: "\n\nIt is noon."},
+		{RunID: "run_1", Seq: 7, Type: batonnats.DeltaText, Text: "\n\nIt is noon."},
+	} {
+		r.Apply(d)
+	}
+	require.Equal(t, "Let me look.\n\nIt is noon.", r.Text(), "no reasoning in the text")
+	require.Equal(t, "The user wants the time.\n\nIt is noon.", r.Reasoning())
+	require.Equal(t, []batonnats.LivePart{
+		{Type: batonnats.PartReasoning, Text: "The user wants the time."},
+		{Type: batonnats.PartText, Text: "Let me look."},
+		{Type: batonnats.PartTool, ToolCallID: "c1", Tool: "clock", Input: []byte(`{}`), State: batonnats.ToolOutputAvailable, Output: "noon"},
+		{Type: batonnats.PartReasoning, Text: "\n\nIt is noon."},
+		{Type: batonnats.PartText, Text: "\n\nIt is noon."},
+	}, r.Parts)
+	require.Equal(t, "Let me look.\n\nIt is noon.", batonnats.LiveText([]batonnats.LiveDelta{
+		{Seq: 1, Type: batonnats.DeltaReasoning, Text: "hm"},
+		{Seq: 2, Type: batonnats.DeltaText, Text: "Let me look.\n\nIt is noon."},
+	}))
+}
+
+// TestAResetVoidsTheReasoningShownAfterThePointItKeeps: a retried step's
+// reset carries the text and the reasoning that stand; what the step
+// showed of either after them goes, what stood before stays in place,
+// and a reset without reasoning (an older worker's, or a failed run's)
+// leaves none.
+func TestAResetVoidsTheReasoningShownAfterThePointItKeeps(t *testing.T) {
+	t.Parallel()
+	var r batonnats.LiveReply
+	for _, d := range []batonnats.LiveDelta{
+		{RunID: "run_1", Seq: 1, Type: batonnats.DeltaReasoning, Text: "First, look."},
+		{RunID: "run_1", Seq: 2, Type: batonnats.DeltaText, Text: "Looking."},
+		{RunID: "run_1", Seq: 3, Type: batonnats.DeltaToolInput, ToolCallID: "c1", Tool: "lookup", Input: []byte(`{}`)},
+		{RunID: "run_1", Seq: 4, Type: batonnats.DeltaToolOutput, ToolCallID: "c1", Text: "found"},
+		// The next step thinks and writes, then its model call is retried.
+		{RunID: "run_1", Seq: 5, Type: batonnats.DeltaReasoning, Text: "\n\nIt was fou"},
+		{RunID: "run_1", Seq: 6, Type: batonnats.DeltaText, Text: "\n\nFou"},
+		{RunID: "run_1", Seq: 7, Type: batonnats.DeltaReset, Text: "Looking.", Reasoning: "First, look."},
+	} {
+		r.Apply(d)
+	}
+	require.Equal(t, []batonnats.LivePart{
+		{Type: batonnats.PartReasoning, Text: "First, look."},
+		{Type: batonnats.PartText, Text: "Looking."},
+		{Type: batonnats.PartTool, ToolCallID: "c1", Tool: "lookup", Input: []byte(`{}`), State: batonnats.ToolOutputAvailable, Output: "found"},
+	}, r.Parts, "the retried step's reasoning and text are void; the first step's stay where they were")
+
+	// A reset that keeps the text but not the step's reasoning: the
+	// reasoning goes even though no text does.
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 8, Type: batonnats.DeltaReasoning, Text: "\n\nHm"})
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 9, Type: batonnats.DeltaReset, Text: "Looking.", Reasoning: "First, look."})
+	require.Equal(t, "First, look.", r.Reasoning())
+	require.Len(t, r.Parts, 3)
+
+	// Reasoning the reset does not begin with is replaced, after the
+	// parts that stay.
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 10, Type: batonnats.DeltaReset, Text: "Looking.", Reasoning: "Other."})
+	require.Equal(t, []string{batonnats.PartText, batonnats.PartTool, batonnats.PartReasoning}, partTypes(r.Parts))
+	require.Equal(t, "Other.", r.Reasoning())
+
+	r.Apply(batonnats.LiveDelta{RunID: "run_1", Seq: 11, Type: batonnats.DeltaReset})
+	require.Equal(t, []string{batonnats.PartTool}, partTypes(r.Parts), "a reset to nothing leaves no text and no reasoning")
+
+	// A run that starts from a reset (a turn resumed after an approval)
+	// shows the reasoning before the text.
+	var resumed batonnats.LiveReply
+	resumed.Apply(batonnats.LiveDelta{RunID: "run_2", Seq: 1, Type: batonnats.DeltaReset, Text: "Looking.", Reasoning: "First, look."})
+	require.Equal(t, []batonnats.LivePart{{Type: batonnats.PartReasoning, Text: "First, look."}, {Type: batonnats.PartText, Text: "Looking."}}, resumed.Parts)
+
+	// A type this version does not know changes nothing.
+	resumed.Apply(batonnats.LiveDelta{RunID: "run_2", Seq: 2, Type: "sparkle", Text: "x"})
+	require.Equal(t, int64(2), resumed.Seq)
+	require.Len(t, resumed.Parts, 2)
 }
 
 func partTypes(ps []batonnats.LivePart) []string {

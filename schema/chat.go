@@ -20,7 +20,9 @@ type ChatMessage struct {
 	ID      string
 	Role    string
 	Content string
-	Seq     int64
+	// Reasoning is a reply's reasoning, empty when it has none.
+	Reasoning string
+	Seq       int64
 	// Truncated marks a reply the model cut off; Stopped one that a stop
 	// ended.
 	Truncated, Stopped bool
@@ -65,8 +67,8 @@ func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID
 		return nil, false, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT id, role, content, seq, truncated, stopped, settled, run_id FROM (
-			SELECT coalesce(m.public_id, m.id) AS id, m.role, m.content, m.seq, m.truncated, m.stopped,
+		SELECT id, role, content, reasoning, seq, truncated, stopped, settled, run_id FROM (
+			SELECT coalesce(m.public_id, m.id) AS id, m.role, m.content, coalesce(m.reasoning, '') AS reasoning, m.seq, m.truncated, m.stopped,
 				o.stopped_at IS NOT NULL AS settled, coalesce(m.run_id, '') AS run_id
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 			WHERE m.conversation_id = $1 AND ($2 = 0 OR m.seq < $2) AND m.superseded_at IS NULL
@@ -77,7 +79,7 @@ func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID
 	}
 	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChatMessage, error) {
 		var m ChatMessage
-		err := row.Scan(&m.ID, &m.Role, &m.Content, &m.Seq, &m.Truncated, &m.Stopped, &m.Settled, &m.RunID)
+		err := row.Scan(&m.ID, &m.Role, &m.Content, &m.Reasoning, &m.Seq, &m.Truncated, &m.Stopped, &m.Settled, &m.RunID)
 		return m, err
 	})
 	if err != nil {
@@ -142,9 +144,9 @@ func attachTools(ctx context.Context, db Executor, msgs []ChatMessage) error {
 func ChatReply(ctx context.Context, db Executor, conversationKey, messageID string) (ChatMessage, error) {
 	var m ChatMessage
 	err := db.QueryRow(ctx, `
-		SELECT id, role, content, seq, truncated, stopped, coalesce(run_id, '') FROM messages
+		SELECT id, role, content, coalesce(reasoning, ''), seq, truncated, stopped, coalesce(run_id, '') FROM messages
 		WHERE id = $1 AND conversation_id = $2 AND role IN ('assistant', 'error')`, messageID, conversationKey).
-		Scan(&m.ID, &m.Role, &m.Content, &m.Seq, &m.Truncated, &m.Stopped, &m.RunID)
+		Scan(&m.ID, &m.Role, &m.Content, &m.Reasoning, &m.Seq, &m.Truncated, &m.Stopped, &m.RunID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ChatMessage{}, ErrNotFound
 	}

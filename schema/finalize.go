@@ -18,6 +18,9 @@ type Finalize struct {
 	Generation int
 	// Content of the assistant reply.
 	Content string
+	// Reasoning is the reply's reasoning, kept with it and shown apart
+	// from its text; empty (stored as NULL) when the agent showed none.
+	Reasoning string
 	// Truncated marks a reply the model cut off.
 	Truncated bool
 	// Stopped marks a reply that a stop ended: Content is what the run had
@@ -60,8 +63,8 @@ type Finalized struct {
 // its row says so.
 const finalizeSQL = `
 WITH asked AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[]) WITH ORDINALITY
-		AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, ord)),
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[], $11::text[])
+		WITH ORDINALITY AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, reasoning, ord)),
 ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
 owner AS (
 	SELECT c.id, c.run_id, c.stop_run_id FROM conversations c
@@ -70,7 +73,7 @@ req AS (
 	-- A run that was asked to stop (read from the locked row, as the stop
 	-- left it) ends stopped, never superseded.
 	SELECT r.conversation_id, r.run_id, r.message_id, r.turn_id, r.content, r.truncated, r.supersede_if_newer,
-		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, r.ord
+		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, nullif(r.reasoning, '') AS reasoning, r.ord
 	FROM asked r LEFT JOIN owner o ON o.id = r.conversation_id AND o.run_id = r.run_id),
 held AS (
 	SELECT i.run_id, bool_and(o.id IS NOT NULL) AS all_held FROM ids i
@@ -89,8 +92,8 @@ fence AS (
 	JOIN newer ON newer.run_id = r.run_id
 	WHERE held.all_held AND NOT newer.found),
 reply AS (
-	INSERT INTO messages (id, conversation_id, role, content, truncated, stopped, run_id, turn_id)
-	SELECT message_id, conversation_id, 'assistant', content, truncated, stopped, run_id, turn_id FROM fence
+	INSERT INTO messages (id, conversation_id, role, content, reasoning, truncated, stopped, run_id, turn_id)
+	SELECT message_id, conversation_id, 'assistant', content, reasoning, truncated, stopped, run_id, turn_id FROM fence
 	ON CONFLICT (id) DO NOTHING
 	RETURNING id, conversation_id, run_id, stopped),
 done AS (
@@ -160,12 +163,12 @@ func (r finalizeRow) finalized(ctx context.Context, db Executor, f Finalize) (Fi
 // the turns fs, returning their rows in that order.
 func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bool) ([]finalizeRow, error) {
 	n := len(fs)
-	convs, runs, msgIDs, turnIDs, contents := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	convs, runs, msgIDs, turnIDs, contents, reasoning := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	truncated, supersede, stopped := make([]bool, n), make([]bool, n), make([]bool, n)
 	var ids []int64
 	var idRuns []string
 	for i, f := range fs {
-		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i] = f.ConversationID, f.RunID, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content
+		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i], reasoning[i] = f.ConversationID, f.RunID, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content, f.Reasoning
 		truncated[i], supersede[i], stopped[i] = f.Truncated, f.SupersedeIfNewer, f.Stopped
 		for _, id := range f.OutboxIDs {
 			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
@@ -175,7 +178,7 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 	if skipLocked {
 		query = finalizeNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped)
+	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped, reasoning)
 	if err != nil {
 		return nil, err
 	}
@@ -196,8 +199,8 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 }
 
 // FinalizeTx ends a turn in the caller's transaction, all or nothing: the
-// assistant reply (ID derived from the turn, so a redelivered trigger can
-// never add a second one), the run's operations attached to it by run ID,
+// assistant reply with its reasoning (ID derived from the turn, so a
+// redelivered trigger can never add a second one), the run's operations attached to it by run ID,
 // the claimed rows done, the conversation's ordering and unread metadata,
 // the lease released and the run recorded as finalized. A run that was
 // asked to stop (StopTx) ends stopped (Finalized.Stopped). With

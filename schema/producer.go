@@ -18,11 +18,15 @@ const (
 // error, and ConversationID is the owner's id of the conversation; inside
 // a turn (LoadTurn) both are the server's keys.
 type Message struct {
-	ID             string    `json:"id"`
-	ConversationID string    `json:"conversation_id"`
-	Role           string    `json:"role"`
-	Content        string    `json:"content"`
-	CreatedAt      time.Time `json:"created_at"`
+	ID             string `json:"id"`
+	ConversationID string `json:"conversation_id"`
+	Role           string `json:"role"`
+	Content        string `json:"content"`
+	// Reasoning is a reply's reasoning: what the model thought before it
+	// answered, shown apart from Content. Loaded by ListMessages only, and
+	// never given back to an agent.
+	Reasoning string    `json:"reasoning,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// Status is the outbox status of a user message (pending, processing,
 	// done, error); nil for other roles.
 	Status *string `json:"status,omitempty"`
@@ -120,7 +124,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq,
+		SELECT coalesce(m.public_id, m.id), m.role, m.content, coalesce(m.reasoning, ''), m.created_at, m.seq,
 			CASE WHEN o.stopped_at IS NOT NULL THEN 'stopped' ELSE o.status END, m.truncated, m.stopped, m.superseded_at IS NOT NULL
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
@@ -133,7 +137,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 	out := []Message{}
 	for rows.Next() {
 		msg := Message{ConversationID: conversationID}
-		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated, &msg.Stopped, &msg.Superseded); err != nil {
+		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.Reasoning, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated, &msg.Stopped, &msg.Superseded); err != nil {
 			return nil, err
 		}
 		out = append(out, msg)

@@ -50,6 +50,13 @@ type Response struct {
 	Content string
 	// ChunkSize is how many runes of Content one chunk holds. Defaults to 3.
 	ChunkSize int
+	// Reasoning is what the model thinks before it answers, sent as
+	// servers that show it do, in a field the chat completions API does
+	// not have: streamed in pieces of ChunkSize runes before the content,
+	// in the chunks' delta; whole, in the message. The field is
+	// ReasoningField, "reasoning_content" by default.
+	Reasoning      string
+	ReasoningField string
 	// ToolCalls the model makes. Streamed, each call's arguments are sent
 	// in several fragments after a first fragment with its ID and name.
 	ToolCalls []ToolCall
@@ -128,8 +135,9 @@ func (m Message) Text() string {
 type Request struct {
 	At     time.Time
 	Header http.Header
-	// Bytes is the size of the request's body.
+	// Bytes is the size of the request's body; Body the body.
 	Bytes  int
+	Body   []byte `json:"-"`
 	Model  string `json:"model"`
 	Stream bool   `json:"stream"`
 	// Messages are the conversation the request sent.
@@ -239,7 +247,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"message":"bad json"}}`, http.StatusBadRequest)
 		return
 	}
-	req.Bytes = len(body)
+	req.Bytes, req.Body = len(body), body
 	s.mu.Lock()
 	n := s.count
 	s.count++
@@ -311,6 +319,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 
 func completion(res Response, finish string) map[string]any {
 	msg := map[string]any{"role": "assistant", "content": res.Content}
+	if res.Reasoning != "" {
+		msg[or(res.ReasoningField, "reasoning_content")] = res.Reasoning
+	}
 	if len(res.ToolCalls) > 0 {
 		var calls []map[string]any
 		for _, c := range res.ToolCalls {
@@ -345,6 +356,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, res Response, fi
 	size := res.ChunkSize
 	if size <= 0 {
 		size = 3
+	}
+	for _, chunk := range chunks(res.Reasoning, size, false) {
+		send(map[string]any{or(res.ReasoningField, "reasoning_content"): chunk}, "")
 	}
 	for n, chunk := range chunks(res.Content, size, res.ByWord) {
 		if res.CutAfter > 0 && n == res.CutAfter {

@@ -6,7 +6,8 @@
 const $ = (id) => document.getElementById(id);
 const UNSENT_KEY = "baton.unsent";
 let token = null, current = null, conv = null, messages = [], live = false, es = null;
-let streaming = null; // {run_id, seq, text}
+let streaming = null; // {run_id, seq, text, reasoning}
+const openReasoning = new Set(); // the reasoning blocks the user opened, by message
 let approvals = []; // the calls the current turn waits on the user for
 
 let linkedToken = null; // a link's token waiting for the user's choice
@@ -125,14 +126,14 @@ function render() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   box.innerHTML = "";
   const known = new Set(messages.map((m) => m.id));
-  for (const m of messages) box.append(bubble(m.role, m.content, metaOf(m), m.id));
+  for (const m of messages) box.append(bubble(m.role, m.content, metaOf(m), m.id, m.reasoning));
   for (const u of unsent().filter((u) => u.cid === current && !known.has(u.id))) {
     const el = bubble("user", u.content, u.rejected ? "not sent: " + u.rejected : "not sent yet", u.id);
     el.classList.add(u.rejected ? "rejected" : "unsent");
     box.append(el);
   }
-  if (streaming && streaming.text && live) {
-    const el = bubble("assistant", streaming.text, "streaming", "");
+  if (streaming && (streaming.text || streaming.reasoning) && live) {
+    const el = bubble("assistant", streaming.text, "streaming", "", streaming.reasoning, "run:" + streaming.run_id);
     el.classList.add("streaming"); box.append(el);
   }
   if (!messages.length && !box.children.length) box.innerHTML = '<p class="empty">No messages yet.</p>';
@@ -150,10 +151,22 @@ function metaOf(m) {
   return "";
 }
 
-function bubble(role, text, meta, id) {
+// bubble is a message: its reasoning, when the model showed some, in a
+// block of its own that opens on demand (and stays open across renders),
+// then its text.
+function bubble(role, text, meta, id, reasoning, key) {
   const d = document.createElement("div");
   d.className = "msg"; d.dataset.role = role; if (id) d.dataset.id = id;
-  d.textContent = text;
+  if (reasoning) {
+    key = key || id;
+    const r = document.createElement("details"); r.className = "reasoning"; r.open = openReasoning.has(key);
+    const s = document.createElement("summary"); s.textContent = "Reasoning";
+    const body = document.createElement("div"); body.textContent = reasoning;
+    r.append(s, body);
+    r.ontoggle = () => { if (r.open) openReasoning.add(key); else openReasoning.delete(key); };
+    d.append(r);
+  }
+  d.append(document.createTextNode(text));
   if (meta) { const s = document.createElement("span"); s.className = "meta"; s.textContent = meta; d.append(s); }
   return d;
 }
@@ -245,12 +258,16 @@ function connect() {
   es.addEventListener("delta", (ev) => {
     if (cid !== current) return;
     let d; try { d = JSON.parse(ev.data); } catch (e) { return; }
-    if (!streaming || streaming.run_id !== d.run_id) streaming = { run_id: d.run_id, seq: 0, text: "" };
+    if (!streaming || streaming.run_id !== d.run_id) streaming = { run_id: d.run_id, seq: 0, text: "", reasoning: "" };
     if (d.seq <= streaming.seq) return; // a duplicate or late event
     streaming.seq = d.seq;
-    // A reset carries the text that still stands (an attempt started over).
-    if (d.type === "reset") streaming.text = d.text || "";
+    // A reset carries the text and the reasoning that still stand (an
+    // attempt started over). Types the page does not know (tool calls,
+    // later ones) change nothing it shows.
+    if (d.type === "reset") { streaming.text = d.text || ""; streaming.reasoning = d.reasoning || ""; }
     else if (d.type === "delta") streaming.text += d.text || "";
+    else if (d.type === "reasoning") streaming.reasoning += d.text || "";
+    else return;
     render();
   });
 }

@@ -400,9 +400,11 @@ func TestLiveDeltasAsPublishedMatchTheSchema(t *testing.T) {
 	for _, cid := range awkwardIDs {
 		for _, run := range []string{"run_0192f5a0", "run with.dots*"} {
 			for i, d := range []batonnats.LiveDelta{
+				{Type: batonnats.DeltaReasoning, Text: "Thinking"},
 				{Type: batonnats.DeltaText, Text: "Hel"},
 				{Type: batonnats.DeltaText, Text: "\n\n"},
-				{Type: batonnats.DeltaReset, Text: "He"},
+				{Type: batonnats.DeltaReset, Text: "He", Reasoning: "Thin"},
+				{Type: batonnats.DeltaReset, Reasoning: "Thin"},
 				{Type: batonnats.DeltaReset},
 				{Type: batonnats.DeltaText, Text: cid},
 				{Type: batonnats.DeltaToolInput, ToolCallID: "call_1", Tool: "lookup", Input: json.RawMessage(`{"text":"` + run + `"}`)},
@@ -437,6 +439,11 @@ func TestLiveDeltasAsPublishedMatchTheSchema(t *testing.T) {
 		`{"run_id":"r","seq":1,"type":"tool_output","text":"x"}`,
 		`{"run_id":"r","seq":1,"type":"tool_error","tool_call_id":"c","text":"a cause"}`,
 		`{"run_id":"r","seq":1,"type":"delta","text":"x","tool_call_id":"c"}`,
+		`{"run_id":"r","seq":1,"type":"reasoning"}`,
+		`{"run_id":"r","seq":1,"type":"reasoning","text":""}`,
+		`{"run_id":"r","seq":1,"type":"delta","text":"x","reasoning":"y"}`,
+		`{"run_id":"r","seq":1,"type":"reasoning","text":"x","reasoning":"y"}`,
+		`{"run_id":"r","seq":1,"type":"tool_input","tool_call_id":"c","tool":"t","input":{},"reasoning":"y"}`,
 	} {
 		require.Error(t, events.Validate(events.KindLiveDelta, []byte(bad)), "%s must be refused", bad)
 	}
@@ -479,6 +486,8 @@ func TestSchemaRefusesRenamedDroppedOrUnknownFields(t *testing.T) {
 			ApprovalID: "ap_1", Tool: "s__t", ExpiresAt: &created, Decision: "approved"}},
 		events.KindLiveDelta: {
 			batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaText, Text: "x"},
+			batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaReasoning, Text: "x"},
+			batonnats.LiveDelta{RunID: "r", Seq: 1, Type: batonnats.DeltaReset, Text: "x", Reasoning: "y"},
 			batonnats.LiveDelta{RunID: "r", Seq: 2, Type: batonnats.DeltaToolInput, ToolCallID: "call_1", Tool: "clock", Input: json.RawMessage(`{"zone":"UTC"}`)},
 			batonnats.LiveDelta{RunID: "r", Seq: 3, Type: batonnats.DeltaToolError, ToolCallID: "call_1"},
 		},

@@ -25,10 +25,14 @@ import (
 // clientResult is what read.mjs prints: the message the AI SDK's client
 // ends with.
 type clientResult struct {
-	ID       string          `json:"id"`
-	Text     string          `json:"text"`
-	Metadata json.RawMessage `json:"metadata"`
-	Deltas   int             `json:"deltas"`
+	ID   string `json:"id"`
+	Text string `json:"text"`
+	// Reasoning is what the message's reasoning parts hold; Parts the
+	// types of its parts, in order.
+	Reasoning string          `json:"reasoning"`
+	Parts     []string        `json:"parts"`
+	Metadata  json.RawMessage `json:"metadata"`
+	Deltas    int             `json:"deltas"`
 }
 
 // sdkStack is Baton in one process (relay, a worker whose agent is the
@@ -100,9 +104,10 @@ func (s *sdkStack) run(t *testing.T, out any, version, scenario, chat, text stri
 
 // TestTheAISDKClientsOfBothMajorsReadBatonsStreams: the DefaultChatTransport
 // and readUIMessageStream of ai 6 and ai 7, unchanged, read a reply, a
-// resumed reply (a second client reconnecting mid-reply) and a stopped
-// reply; each ends with the reply as Baton stored it, under the id the
-// history gives it, the same for both majors.
+// resumed reply (a second client reconnecting mid-reply), a stopped reply
+// and a reply whose model showed its reasoning (a reasoning part, then
+// the text part); each ends with the reply as Baton stored it, under the
+// id the history gives it, the same for both majors.
 func TestTheAISDKClientsOfBothMajorsReadBatonsStreams(t *testing.T) {
 	t.Parallel()
 	s := startSDKStack(t)
@@ -113,33 +118,41 @@ func TestTheAISDKClientsOfBothMajorsReadBatonsStreams(t *testing.T) {
 		s.run(t, &res, version, scenario, chat, text)
 		return res
 	}
-	stored := func(t *testing.T, chat string) (id, content string, stopped bool) {
+	stored := func(t *testing.T, chat string) (id, content, reasoning string, stopped bool) {
 		t.Helper()
-		require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT m.id, m.content, m.stopped FROM messages m JOIN conversations c ON c.id = m.conversation_id
-			WHERE c.owner_id = $1 AND c.public_id = $2 AND m.role = 'assistant'`, s.user, chat).Scan(&id, &content, &stopped))
-		return id, content, stopped
+		require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT m.id, m.content, coalesce(m.reasoning, ''), m.stopped FROM messages m JOIN conversations c ON c.id = m.conversation_id
+			WHERE c.owner_id = $1 AND c.public_id = $2 AND m.role = 'assistant'`, s.user, chat).Scan(&id, &content, &reasoning, &stopped))
+		return id, content, reasoning, stopped
 	}
 
 	texts := map[string]map[string]string{} // scenario -> version -> text
-	for _, scenario := range []struct{ name, text string }{{"reply", "the same question"}, {"resume", "slow 60"}, {"stop", "slow 400"}} {
+	for _, scenario := range []struct{ name, script, text string }{
+		{"reply", "reply", "the same question"}, {"resume", "resume", "slow 60"}, {"stop", "stop", "slow 400"}, {"think", "reply", "think twice"},
+	} {
 		texts[scenario.name] = map[string]string{}
 		for _, version := range []string{"v6", "v7"} {
 			chat := fmt.Sprintf("%s-%s", scenario.name, version)
-			res := run(t, version, scenario.name, chat, scenario.text)
-			id, content, stopped := stored(t, chat)
+			res := run(t, version, scenario.script, chat, scenario.text)
+			id, content, reasoning, stopped := stored(t, chat)
 			reply := res["reply"]
 			require.Equal(t, id, reply.ID, "%s %s: the client's message has the stored reply's id", version, scenario.name)
 			require.Equal(t, content, reply.Text, "%s %s: the client ends with the stored reply", version, scenario.name)
+			require.Equal(t, reasoning, reply.Reasoning, "%s %s: and its stored reasoning", version, scenario.name)
 			texts[scenario.name][version] = reply.Text
 			switch scenario.name {
 			case "reply":
 				require.Equal(t, "echo: the same question", reply.Text)
 				require.Equal(t, "null", string(reply.Metadata))
+				require.Equal(t, []string{"step-start", "text"}, reply.Parts)
+			case "think":
+				require.Equal(t, "The user wants a second thought; give one.", reply.Reasoning)
+				require.Equal(t, "On second thought: yes.", reply.Text, "no reasoning in the text")
+				require.Equal(t, []string{"step-start", "reasoning", "text"}, reply.Parts, "%s: a reasoning part, then the text part", version)
 			case "resume":
 				require.Equal(t, agenttest.Steady(60, 0).Content, reply.Text)
 				resumed := res["resumed"]
-				require.Equal(t, reply, clientResult{ID: resumed.ID, Text: resumed.Text, Metadata: resumed.Metadata, Deltas: reply.Deltas},
-					"%s: the resumed reply is the same message", version)
+				require.Equal(t, reply, clientResult{ID: resumed.ID, Text: resumed.Text, Reasoning: resumed.Reasoning, Parts: resumed.Parts,
+					Metadata: resumed.Metadata, Deltas: reply.Deltas}, "%s: the resumed reply is the same message", version)
 			case "stop":
 				require.True(t, stopped)
 				require.JSONEq(t, `{"stopped":true}`, string(reply.Metadata), "%s: the finish says the reply was stopped", version)
@@ -149,6 +162,7 @@ func TestTheAISDKClientsOfBothMajorsReadBatonsStreams(t *testing.T) {
 	}
 	require.Equal(t, texts["reply"]["v6"], texts["reply"]["v7"])
 	require.Equal(t, texts["resume"]["v6"], texts["resume"]["v7"])
+	require.Equal(t, texts["think"]["v6"], texts["think"]["v7"])
 }
 
 // approvalResult is what read.mjs prints for the approval scenario: the

@@ -299,8 +299,10 @@ func TestBrowserShowsAStreamedReplyAsItGrowsAndAVisibleFailure(t *testing.T) {
 		// The first turn: the model server refuses the key, a terminal
 		// failure shown in the conversation.
 		agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"invalid api key","type":"invalid_request_error"}}`},
-		// The second turn: a reply written slowly, streamed to the page.
+		// The second turn: a reply written slowly, streamed to the page,
+		// after the model's reasoning.
 		agenttest.Response{
+			Reasoning:  "The user asks why again: answer with the outbox rule.",
 			Content:    "Outboxes before agents: the message and its trigger commit together, so no turn is lost.",
 			ChunkSize:  4,
 			ChunkDelay: 60 * time.Millisecond,
@@ -317,10 +319,19 @@ func TestBrowserShowsAStreamedReplyAsItGrowsAndAVisibleFailure(t *testing.T) {
 	p.send("Tell me again, please.")
 	p.waitJS("partial text while the model streams", `[...document.querySelectorAll('.msg.streaming')].some(e => e.textContent.includes("trigger"))`, 20*time.Second)
 	require.False(t, p.js(hasBubble("assistant", "no turn is lost.")), "while streaming, the durable reply is not there yet")
+	require.True(t, p.js(`[...document.querySelectorAll('.msg.streaming details.reasoning')].some(e => e.textContent.includes("the outbox rule") && !e.open)`),
+		"the reasoning streamed before the text, in a closed block of its own")
 	p.screenshot("streaming")
 	p.waitJS("the committed reply", hasBubble("assistant", "so no turn is lost."), 20*time.Second)
 	p.waitJS("the streaming preview gone", `document.querySelectorAll('.msg.streaming').length === 0`, 5*time.Second)
-	p.screenshot("replied")
+	reasoning := `document.querySelector('.msg[data-role=assistant] details.reasoning')`
+	require.True(t, p.js(reasoning+`.textContent === "ReasoningThe user asks why again: answer with the outbox rule."`),
+		"the committed reply keeps its reasoning, apart from its text")
+	require.True(t, p.js(reasoning+`.nextSibling.textContent === "Outboxes before agents: the message and its trigger commit together, so no turn is lost."`),
+		"the reasoning is no part of the reply's text, which follows it")
+	require.True(t, p.js(`(`+reasoning+`.querySelector("summary").click(), true)`))
+	p.waitJS("the reasoning open", reasoning+`.open`, 5*time.Second)
+	p.screenshot("reasoning")
 }
 
 // storedToken is the token the page keeps.

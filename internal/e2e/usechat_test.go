@@ -42,8 +42,9 @@ func npmReady(t testing.TB, dir string) {
 
 // chatModel answers the example page's messages by their text: "slow N"
 // streams N numbered words steadily, "tool ..." calls the clock and then
-// answers, "fail ..." is refused (the turn fails at once), anything else
-// is echoed.
+// answers, "fail ..." is refused (the turn fails at once), "think ..."
+// streams the model's reasoning before its answer, anything else is
+// echoed.
 func chatModel(_ int, req agenttest.Request) agenttest.Response {
 	last := req.LastUser()
 	var words int
@@ -58,6 +59,8 @@ func chatModel(_ int, req agenttest.Request) agenttest.Response {
 		return agenttest.Response{Content: "It is now."}
 	case strings.HasPrefix(last, "fail"):
 		return agenttest.Response{Status: http.StatusUnauthorized, Body: `{"error":{"message":"invalid api key"}}`}
+	case strings.HasPrefix(last, "think"):
+		return agenttest.Response{Reasoning: "The user wants a second thought; give one.", Content: "On second thought: yes.", ChunkSize: 5}
 	case strings.HasPrefix(last, "mail"):
 		// mail__send waits for approval, where the worker's MCP server
 		// "mail" is named in its --mcp-approve.
@@ -291,6 +294,17 @@ func TestTheUseChatExampleAgainstBaton(t *testing.T) {
 		tb.screenshot("tool")
 		require.Equal(t, `{"time_zone":"UTC"}`, tb.str(`document.querySelector('.tool .tool-input').textContent`))
 		require.Contains(t, tb.str(`document.querySelector('.tool .tool-output').textContent`), "T")
+	})
+
+	t.Run("the model's reasoning shows apart from the reply, also in the history", func(t *testing.T) {
+		tb := s.open(t, "think")
+		tb.send("think twice")
+		reasoning := assistants + `.at(-1)?.querySelector('details.reasoning')?.textContent`
+		tb.wait("the reasoning and the reply", reasoning+` === "ReasoningThe user wants a second thought; give one." && `+lastReply+` === "On second thought: yes."`, 30*time.Second)
+		tb.screenshot("reasoning")
+		require.NoError(t, chromedp.Do(tb.ctx, chromedp.Reload()))
+		tb.wait("the history's reasoning and reply", reasoning+` === "ReasoningThe user wants a second thought; give one." && `+lastReply+` === "On second thought: yes."`, 30*time.Second)
+		require.Equal(t, 1, tb.num(assistants+`.length`))
 	})
 
 	t.Run("a call that waits for approval shows Approve and Deny; Approve sends it once and the reply goes on", func(t *testing.T) {

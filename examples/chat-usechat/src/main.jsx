@@ -127,6 +127,14 @@ function Message({ message, answer }) {
     <div className="msg" data-role={message.role} data-id={message.id}>
       {message.parts.map((p, i) => {
         if (p.type === "text") return <span key={i} className="text">{p.text}</span>;
+        if (p.type === "reasoning") {
+          return (
+            <details key={i} className="reasoning">
+              <summary>Reasoning</summary>
+              {p.text}
+            </details>
+          );
+        }
         if (p.type === "dynamic-tool" || p.type.startsWith("tool-")) {
           return (
             <div key={i} className="tool" data-tool={p.toolName} data-state={p.state}>

@@ -36,9 +36,12 @@ async function read(stream, onDelta) {
   }));
   let last;
   for await (const message of ai.readUIMessageStream({ stream: counted, terminateOnError: true })) last = message;
+  const parts = last?.parts ?? [];
   return {
     id: last?.id,
-    text: (last?.parts ?? []).filter((p) => p.type === "text").map((p) => p.text).join(""),
+    text: parts.filter((p) => p.type === "text").map((p) => p.text).join(""),
+    reasoning: parts.filter((p) => p.type === "reasoning").map((p) => p.text).join(""),
+    parts: parts.map((p) => p.type),
     metadata: last?.metadata ?? null,
     deltas,
   };
