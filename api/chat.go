@@ -133,7 +133,7 @@ func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content strin
 		if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
-		c, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
+		c, created, err = schema.CreateConversationWith(ctx, tx, owner, schema.NewConversation{ID: chatID, Title: chatTitle(content), DoubleTexting: s.cfg.DoubleTexting})
 		key = c.Key
 		return err
 	})
@@ -159,10 +159,7 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 	if res.Existed {
 		s.metrics.messages.WithLabelValues("retry").Inc()
 	} else {
-		s.metrics.messages.WithLabelValues("stored").Inc()
-		s.publishEvent(ctx, batonnats.ConversationEvent{
-			Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
-		}, "message-"+res.MessageKey)
+		s.stored(ctx, res)
 	}
 	if res.OutboxID == 0 {
 		return 0, true, errNoTurn
@@ -358,6 +355,7 @@ func (s *Server) refuseChat(w http.ResponseWriter, r *http.Request, chatID strin
 	case errors.Is(err, schema.ErrConflict):
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error()+" (editing a sent message is not supported)")
+	case s.turnRunning(w, err):
 	case errors.Is(err, schema.ErrTurnRunning):
 		writeError(w, http.StatusConflict, "turn_running", "a turn of this chat is running or waiting: stop it, or wait for its reply, before regenerating")
 	case errors.Is(err, schema.ErrNotNewest):
@@ -416,13 +414,7 @@ func (s *Server) stopConversation(w http.ResponseWriter, r *http.Request) {
 	if s.failed(w, r, cid, err) {
 		return
 	}
-	if st.RunID != "" && s.nc != nil {
-		// A notice lost is a stop that takes effect at the run's next
-		// lease renewal instead.
-		if err := s.nc.Publish(batonnats.StopSubject(st.ConversationKey, st.RunID), nil); err != nil {
-			s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
-		}
-	}
+	s.notifyStop(st.ConversationKey, st.RunID)
 	if st.Denied {
 		s.publishApprovalDecided(r.Context(), *st.Approval)
 	}

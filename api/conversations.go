@@ -16,6 +16,9 @@ import (
 type createConversationRequest struct {
 	ID    *string `json:"id"`
 	Title string  `json:"title"`
+	// DoubleTexting is the conversation's policy; the server's
+	// (--double-texting) when absent.
+	DoubleTexting *string `json:"double_texting"`
 }
 
 func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
@@ -35,6 +38,13 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
 		return
 	}
+	policy := s.cfg.DoubleTexting
+	if req.DoubleTexting != nil {
+		var ok bool
+		if policy, ok = doubleTexting(w, *req.DoubleTexting); !ok {
+			return
+		}
+	}
 	owner := userFrom(r.Context()).ID
 	var c schema.Conversation
 	var created bool
@@ -48,7 +58,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		if err := schema.CheckConversationQuotaTx(r.Context(), tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
-		c, created, err = schema.CreateConversation(r.Context(), tx, owner, id, req.Title)
+		c, created, err = schema.CreateConversationWith(r.Context(), tx, owner, schema.NewConversation{ID: id, Title: req.Title, DoubleTexting: policy})
 		return err
 	})
 	if quotaExceeded(w, err) {
@@ -118,6 +128,47 @@ func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, err := schema.GetConversation(r.Context(), s.pool, userFrom(r.Context()).ID, cid)
+	if s.failed(w, r, cid, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
+// doubleTexting reads a policy a client gave; it answers 400, naming the
+// policies, when it is none.
+func doubleTexting(w http.ResponseWriter, v string) (schema.DoubleTexting, bool) {
+	p, err := schema.ParseDoubleTexting(v)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_double_texting", `"double_texting": `+err.Error())
+		return "", false
+	}
+	return p, true
+}
+
+type patchConversationRequest struct {
+	DoubleTexting *string `json:"double_texting"`
+}
+
+// patchConversation changes what a conversation's owner may change of it:
+// its double texting, for the messages sent after it.
+func (s *Server) patchConversation(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	var req patchConversationRequest
+	if !decodeJSON(w, r, 16<<10, false, &req) {
+		return
+	}
+	if req.DoubleTexting == nil {
+		writeError(w, http.StatusBadRequest, "bad_body", `nothing to change: send {"double_texting": "`+string(s.cfg.DoubleTexting)+`"}, one of `+schema.DoubleTextingNames())
+		return
+	}
+	policy, ok := doubleTexting(w, *req.DoubleTexting)
+	if !ok {
+		return
+	}
+	c, err := schema.SetDoubleTexting(r.Context(), s.pool, userFrom(r.Context()).ID, cid, policy)
 	if s.failed(w, r, cid, err) {
 		return
 	}

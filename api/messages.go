@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -68,6 +69,8 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error())
 		return
+	case s.turnRunning(w, err):
+		return
 	case errors.Is(err, schema.ErrContentTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large", err.Error())
 		return
@@ -83,13 +86,47 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, res.Message)
 		return
 	}
+	s.stored(r.Context(), res)
+	writeJSON(w, http.StatusAccepted, res.Message)
+}
+
+// stored tells what a new message's commit did: the message event, and
+// the stop notice of the run it interrupted (double texting interrupt).
+func (s *Server) stored(ctx context.Context, res schema.InsertResult) {
 	s.metrics.messages.WithLabelValues("stored").Inc()
+	s.notifyStop(res.ConversationKey, res.InterruptedRunID)
 	// The event carries the message id its owner knows; the subject and
 	// the deduplication id carry the server's keys.
-	s.publishEvent(r.Context(), batonnats.ConversationEvent{
+	s.publishEvent(ctx, batonnats.ConversationEvent{
 		Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
 	}, "message-"+res.MessageKey)
-	writeJSON(w, http.StatusAccepted, res.Message)
+}
+
+// notifyStop tells the worker that runs runID that its run was asked to
+// stop (a stop, or an interrupting message), once that committed. A
+// notice lost is a stop that takes effect at the run's next lease renewal
+// instead.
+func (s *Server) notifyStop(conversationKey, runID string) {
+	if runID == "" || s.nc == nil {
+		return
+	}
+	if err := s.nc.Publish(batonnats.StopSubject(conversationKey, runID), nil); err != nil {
+		s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
+	}
+}
+
+// turnRunning answers 409 turn_running to a message that the
+// conversation's double texting (reject) refused while a turn runs or
+// waits, with the producer's message, which says what to do; it reports
+// whether err was that.
+func (s *Server) turnRunning(w http.ResponseWriter, err error) bool {
+	var pe *schema.ProducerError
+	if !errors.As(err, &pe) || pe.Code != schema.SQLStateTurnRunning {
+		return false
+	}
+	s.metrics.messages.WithLabelValues("turn_running").Inc()
+	writeError(w, http.StatusConflict, "turn_running", pe.Message)
+	return true
 }
 
 // listMessages returns a page of a conversation's messages, oldest first:

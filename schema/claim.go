@@ -99,7 +99,9 @@ type ClaimParams struct {
 	// MaxAttempts caps attempts when an expired run is recovered inline.
 	MaxAttempts int
 	// MaxRows caps the rows of one turn, oldest first; the rest stay
-	// pending for the next turn (Claim.More). Zero means no cap.
+	// pending for the next turn (Claim.More). Zero means no cap. A
+	// conversation whose double texting is DoubleTextingEnqueue is capped
+	// at one row whatever this says.
 	MaxRows int
 	// Session is the worker's session (see TakeWorkerSession), recorded
 	// on the run: while the worker lives its session's lock is held, and
@@ -140,8 +142,13 @@ type Claim struct {
 	// recovered inside this claim's transaction.
 	Recovered *Recovery
 	// More is set when pending rows were left for the next turn by
-	// ClaimParams.MaxRows.
+	// ClaimParams.MaxRows, or by the one-message turns of a conversation
+	// that enqueues.
 	More bool
+	// DoubleTexting is the conversation's policy when it was claimed:
+	// under DoubleTextingDebounce alone may a newer message supersede
+	// the turn.
+	DoubleTexting DoubleTexting
 	// TraceParents are the trace contexts the claimed rows kept (none for
 	// a resumed turn): a turn that answers several requests links their
 	// traces.
@@ -215,11 +222,14 @@ WITH req AS (
 conv AS (
 	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
 		CASE WHEN c.run_id IS NULL OR c.lease_expires_at <= now() THEN false ELSE baton_run_session_gone(c.run_id) END AS gone,
-		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id,
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id, c.double_texting,
 		(SELECT u.name FROM users u WHERE u.id = c.owner_id) AS owner_name
 	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
 free AS (
-	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
+	-- A conversation that enqueues double texts answers one message per
+	-- turn.
+	SELECT r.conversation_id, r.run_id, CASE WHEN conv.double_texting = 'enqueue' THEN 1 ELSE r.max_rows END AS max_rows
+	FROM req r JOIN conv ON conv.id = r.conversation_id
 	WHERE conv.run_id IS NULL AND NOT conv.waiting AND conv.approval_id IS NULL),
 turn AS (
 	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
@@ -248,6 +258,7 @@ SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x
 	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
 	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
+	coalesce(conv.double_texting, ''), (SELECT f.max_rows FROM free f WHERE f.conversation_id = r.conversation_id AND f.run_id = r.run_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
 	 FROM messages m JOIN claimed c ON c.message_id = m.id WHERE c.conversation_id = r.conversation_id),
@@ -305,6 +316,8 @@ type claimRow struct {
 	ownerName                *string
 	firstCreated, leaseUntil *time.Time
 	pending                  int64
+	policy                   string
+	maxRows                  *int64
 	messages, history        []byte
 }
 
@@ -357,7 +370,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 		var r claimRow
 		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.gone, &r.notBefore, &r.waiting, &r.approvalID,
 			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
-			&r.pending, &r.messages, &r.history); err != nil {
+			&r.pending, &r.policy, &r.maxRows, &r.messages, &r.history); err != nil {
 			return nil, err
 		}
 		if ord < 1 || ord > int64(n) {
@@ -381,7 +394,7 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 	case r.waiting:
 		return Claim{}, TurnInput{}, &WaitError{NotBefore: *r.notBefore}
 	}
-	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
+	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, DoubleTexting: DoubleTexting(r.policy)}
 	var in TurnInput
 	if len(r.ids) == 0 {
 		return c, in, nil
@@ -397,7 +410,9 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 		}
 	}
 	c.FirstCreatedAt, c.LeaseExpiresAt = *r.firstCreated, *r.leaseUntil
-	c.More = p.MaxRows > 0 && r.pending > int64(p.MaxRows)
+	// The cap the statement applied: the claim's, or one message for a
+	// conversation that enqueues.
+	c.More = r.maxRows != nil && *r.maxRows > 0 && r.pending > *r.maxRows
 	if err := json.Unmarshal(r.messages, &in.Messages); err != nil {
 		return c, in, fmt.Errorf("claim: read the turn's messages: %w", err)
 	}
@@ -491,7 +506,7 @@ func claimTx(ctx context.Context, tx Executor, p ClaimParams, historyLimit int, 
 		}
 	}
 	if r.parked() {
-		c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, Recovered: recovered}
+		c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, Recovered: recovered, DoubleTexting: DoubleTexting(r.policy)}
 		resumed, err := claimResumeTx(ctx, tx, &c, p, *r.approvalID)
 		if err != nil {
 			return c, TurnInput{}, err

@@ -69,6 +69,13 @@ type InsertResult struct {
 	// Existed is true when the message had been stored before (a client
 	// retry): no second outbox row was written and no second turn follows.
 	Existed bool
+	// InterruptedRunID is the run that this message asked to stop, under
+	// the conversation's DoubleTextingInterrupt; empty when none. After
+	// the commit, tell its worker as a stop is told
+	// (nats.StopSubject(ConversationKey, InterruptedRunID)); a worker
+	// that hears nothing learns it when the message's trigger reaches it,
+	// or at its next lease renewal.
+	InterruptedRunID string
 }
 
 // InsertMessageTx stores a user message and its outbox row in the caller's
@@ -79,6 +86,12 @@ type InsertResult struct {
 // conversations, is ErrConflict. A conversation the owner does not have is
 // ErrNotFound; a bad id or empty content ErrInvalid; content over
 // MaxContentBytes ErrContentTooLarge. On an error nothing is written.
+//
+// The conversation's double texting applies (see DoubleTexting): under
+// DoubleTextingReject, a new message while a turn runs or waits is
+// ErrTurnRunning (a *ProducerError whose message names the approval the
+// turn waits for, if any); under DoubleTextingInterrupt, the running turn
+// is asked to stop in this transaction (InterruptedRunID).
 //
 // It is one call of the SQL function baton_send_message_for_owner
 // (migration 00015), the write path that the SQL producer's
@@ -92,17 +105,21 @@ type InsertResult struct {
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
 	res := InsertResult{Message: Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}}
 	var outboxID *int64
+	var interrupted *string
 	err := tx.QueryRow(ctx, `
-		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed
+		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed, interrupted_run_id
 		FROM baton_send_message_for_owner($1, $2, $3, $4, $5)`,
 		m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent).Scan(
-		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed)
+		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed, &interrupted)
 	if err != nil {
 		return InsertResult{}, producerError("store the message", err)
 	}
 	if outboxID != nil {
 		// A retry of a message whose outbox row was pruned has none.
 		res.OutboxID = *outboxID
+	}
+	if interrupted != nil {
+		res.InterruptedRunID = *interrupted
 	}
 	return res, nil
 }

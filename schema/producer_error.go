@@ -40,11 +40,18 @@ const (
 	SQLStateContentTooLarge = "PB005"
 	// SQLStateBadTitle: the title is over MaxTitleLength.
 	SQLStateBadTitle = "PB006"
+	// SQLStateBadDoubleTexting: the double texting policy is not one of
+	// DoubleTextingPolicies.
+	SQLStateBadDoubleTexting = "PB007"
 	// SQLStateUnknownConversation: the user has no conversation of that id.
 	SQLStateUnknownConversation = "PB010"
 	// SQLStateConflict: the user's message id was used for other content
 	// or in another conversation.
 	SQLStateConflict = "PB011"
+	// SQLStateTurnRunning: the conversation's double texting is reject,
+	// and a turn of it runs or waits (for a worker, or for an approval,
+	// which the message names).
+	SQLStateTurnRunning = "PB012"
 )
 
 var (
@@ -57,7 +64,8 @@ var (
 // ProducerError is an error a producer function raised: its SQLSTATE and
 // its message, which says what to fix. errors.Is finds the package's error
 // of its kind in it (ErrNotFound, ErrConflict, ErrInvalid,
-// ErrContentTooLarge), and errors.As the driver's *pgconn.PgError.
+// ErrContentTooLarge, ErrTurnRunning), and errors.As the driver's
+// *pgconn.PgError.
 type ProducerError struct {
 	// Code is the SQLSTATE, one of the SQLState constants.
 	Code string
@@ -84,7 +92,9 @@ func producerError(doing string, err error) error {
 			kind = ErrConflict
 		case SQLStateContentTooLarge:
 			kind = ErrContentTooLarge
-		case SQLStateBadUserID, SQLStateBadConversationID, SQLStateBadMessageID, SQLStateEmptyContent, SQLStateBadTitle:
+		case SQLStateTurnRunning:
+			kind = ErrTurnRunning
+		case SQLStateBadUserID, SQLStateBadConversationID, SQLStateBadMessageID, SQLStateEmptyContent, SQLStateBadTitle, SQLStateBadDoubleTexting:
 			kind = ErrInvalid
 		}
 		if kind != nil {

@@ -9,10 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Errors of RegenerateTx.
+// Errors of RegenerateTx (and, for ErrTurnRunning, InsertMessageTx).
 var (
 	// ErrTurnRunning: a turn of the conversation runs or waits; nothing
-	// can be regenerated until it ends.
+	// can be regenerated until it ends, and a new message to a
+	// conversation whose double texting is DoubleTextingReject is refused.
 	ErrTurnRunning = errors.New("a turn of the conversation is running")
 	// ErrNotNewest: what was asked to be regenerated is not the newest
 	// turn of the conversation.

@@ -78,6 +78,7 @@ func vars() map[string]string {
 		"max_chat_messages":    fmt.Sprint(api.DefaultMaxChatMessages),
 		"token_expiry":         DefaultTokenExpiry.String(),
 		"http_addr":            config.DefaultHTTPAddr,
+		"double_texting":       string(schema.DefaultDoubleTexting),
 		"max_conversations":    fmt.Sprint(api.DefaultMaxConversations),
 		"max_retries_per_hour": fmt.Sprint(api.DefaultMaxRetriesPerHour),
 		"stream_recheck":       api.DefaultStreamRecheck.String(),
