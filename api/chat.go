@@ -31,7 +31,7 @@ import (
 func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	user := userFrom(r.Context())
 	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxChatBodyBytes))
-	req, err := readChatRequest(r.Body, s.cfg.MaxChatMessages)
+	req, err := readChatRequest(newTextReader(r.Body), s.cfg.MaxChatMessages)
 	if err != nil {
 		s.refuseChatBody(w, r, err)
 		return
@@ -49,7 +49,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := schema.ValidateID("message", messageID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", "the new message's id: "+err.Error())
+		refuseID(w, fmt.Errorf("the new message's id: %w", err))
 		return
 	}
 	if !s.chatsLive(w) {
@@ -98,7 +98,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 // Baton does not take; a request without a trigger submits.
 func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
 	if err := schema.ValidateID("chat", req.ChatID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
+		refuseID(w, fmt.Errorf(`"id": %w`, err))
 		return false
 	}
 	if req.Trigger == "" {
@@ -337,9 +337,12 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 	var ce *chatBodyError
 	var mbe *http.MaxBytesError
 	var bte *bodyTimeoutError
+	var te *textError
 	switch {
 	case errors.As(err, &ce):
 		writeError(w, ce.status, ce.code, ce.message)
+	case errors.As(err, &te):
+		writeTextError(w, te)
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the request body is over %d bytes (--max-chat-body-bytes)", mbe.Limit))
 	case errors.As(err, &bte):
@@ -358,6 +361,10 @@ func (s *Server) refuseChat(w http.ResponseWriter, r *http.Request, chatID strin
 	case errors.Is(err, schema.ErrConflict):
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error()+" (editing a sent message is not supported)")
+	case errors.Is(err, schema.ErrReservedID):
+		writeError(w, http.StatusBadRequest, "reserved_id", err.Error())
+	case errors.Is(err, schema.ErrBadText):
+		writeError(w, http.StatusBadRequest, "bad_text", err.Error())
 	case errors.Is(err, schema.ErrTurnRunning):
 		writeError(w, http.StatusConflict, "turn_running", "a turn of this chat is running or waiting: stop it, or wait for its reply, before regenerating")
 	case errors.Is(err, schema.ErrNotNewest):

@@ -28,11 +28,15 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		id = *req.ID
 	}
 	if err := schema.ValidateID("conversation", id); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return
 	}
-	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength || !utf8.ValidString(req.Title) {
-		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
+	if terr := checkText("title", req.Title); terr != nil {
+		writeTextError(w, terr)
+		return
+	}
+	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength {
+		writeError(w, http.StatusBadRequest, "bad_title", "title must be at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
 		return
 	}
 	owner := userFrom(r.Context()).ID
@@ -87,10 +91,21 @@ func (s *Server) listConversations(w http.ResponseWriter, r *http.Request) {
 func conversationID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	cid := r.PathValue("cid")
 	if err := schema.ValidateID("conversation", cid); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return "", false
 	}
 	return cid, true
+}
+
+// refuseID answers a request whose id breaks the rules of
+// schema.ValidateID: 400 bad_id, or reserved_id for a message id that
+// takes a prefix of the server's own messages.
+func refuseID(w http.ResponseWriter, err error) {
+	code := "bad_id"
+	if errors.Is(err, schema.ErrReservedID) {
+		code = "reserved_id"
+	}
+	writeError(w, http.StatusBadRequest, code, err.Error())
 }
 
 func (s *Server) notFound(w http.ResponseWriter, cid string) {

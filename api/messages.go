@@ -46,7 +46,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := schema.ValidateID("message", *req.ID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
+		return
+	}
+	if terr := checkText("content", *req.Content); terr != nil {
+		writeTextError(w, terr)
 		return
 	}
 	user := userFrom(r.Context())
@@ -70,6 +74,12 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, schema.ErrContentTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large", err.Error())
+		return
+	case errors.Is(err, schema.ErrReservedID):
+		writeError(w, http.StatusBadRequest, "reserved_id", err.Error())
+		return
+	case errors.Is(err, schema.ErrBadText):
+		writeError(w, http.StatusBadRequest, "bad_text", err.Error())
 		return
 	case errors.Is(err, schema.ErrInvalid):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())

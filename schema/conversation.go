@@ -5,44 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// MaxIDLength is the longest conversation or message ID, in characters.
-const MaxIDLength = 200
-
-// ValidateID checks a client-chosen conversation or message ID: 1 to 200
-// characters of valid UTF-8 without control characters and without
-// leading or trailing whitespace (which does not survive NATS headers and
-// is never what a user meant). Dots, '*', '>', inner spaces and non-ASCII
-// letters are allowed. The producer functions hold ids to the same rules
-// in SQL (baton_check_id, migration 00015); this lets a caller answer a bad
-// id before it reaches the database.
-func ValidateID(kind, id string) error {
-	if id == "" {
-		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
-	}
-	if !utf8.ValidString(id) {
-		return fmt.Errorf("%s id is not valid UTF-8", kind)
-	}
-	if n := utf8.RuneCountInString(id); n > MaxIDLength {
-		return fmt.Errorf("%s id is %d characters long: the limit is %d", kind, n, MaxIDLength)
-	}
-	for _, r := range id {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%s id contains the control character %U: use printable characters only", kind, r)
-		}
-	}
-	first, _ := utf8.DecodeRuneInString(id)
-	last, _ := utf8.DecodeLastRuneInString(id)
-	if unicode.IsSpace(first) || unicode.IsSpace(last) {
-		return fmt.Errorf("%s id %q starts or ends with whitespace: remove it", kind, id)
-	}
-	return nil
-}
 
 // TurnState is the state of a conversation's work, derived from its outbox
 // rows.
@@ -81,12 +46,16 @@ type Conversation struct {
 // owner's id for it. Creating an existing conversation of the same owner
 // again is not an error (created is false). Ids are per owner: another
 // owner's conversation of the same id is a different conversation. A bad
-// id, or a title over MaxTitleLength, is ErrInvalid and creates nothing.
+// id, or a title over MaxTitleLength or one that text cannot hold
+// (ErrBadText), is ErrInvalid and creates nothing.
 //
 // It is one call of the SQL function baton_create_conversation_for_owner
 // (migration 00015), which the SQL producer's baton_create_conversation
 // calls too.
 func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
+	if err := ValidateText("title", title); err != nil {
+		return Conversation{}, false, err
+	}
 	var existed bool
 	err = db.QueryRow(ctx, `SELECT existed FROM baton_create_conversation_for_owner($1, $2, $3)`, ownerID, id, title).Scan(&existed)
 	if err != nil {

@@ -73,7 +73,9 @@ type InsertResult struct {
 // again with the same id and content writes nothing and reports Existed;
 // the same id with other content, or in another of the owner's
 // conversations, is ErrConflict. A conversation the owner does not have is
-// ErrNotFound; a bad id or empty content ErrInvalid; content over
+// ErrNotFound; a bad id, empty content or content that text cannot hold
+// (U+0000, invalid UTF-8: ErrBadText) ErrInvalid, a message id of the
+// server's (ValidateID) ErrReservedID; content over
 // MaxContentBytes ErrContentTooLarge. On an error nothing is written.
 //
 // It is one call of the SQL function baton_send_message_for_owner
@@ -86,6 +88,9 @@ type InsertResult struct {
 // The caller commits: the message and its outbox row become visible
 // together, or not at all.
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
+	if err := ValidateText("content", m.Content); err != nil {
+		return InsertResult{}, err
+	}
 	res := InsertResult{Message: Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}}
 	var outboxID *int64
 	err := tx.QueryRow(ctx, `

@@ -1,0 +1,197 @@
+package api_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/schema"
+)
+
+// setupLogged is setup with the server's log kept, and chat bodies
+// limited to 64 KiB.
+func setupLogged(t *testing.T) (*bundle, *lockedBuffer) {
+	t.Helper()
+	var logs lockedBuffer
+	log := zerolog.New(&logs)
+	b := setupEdge(t, api.Config{MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MessagesPerMinute: 100000, MessageBurst: 10000, Logger: &log}, nil)
+	return b, &logs
+}
+
+// refused sends a raw body and requires the answer to be status with
+// code, with nothing written and nothing logged as a failure.
+func (b *bundle) refused(t *testing.T, logs *lockedBuffer, method, path, body string, status int, code string) {
+	t.Helper()
+	before := counts(t, b.pool)
+	r := b.do(t, b.alice, method, path, body)
+	require.Equal(t, status, r.Status, "%s %s %q: %s", method, path, body, r.Raw)
+	require.Equal(t, code, r.Body["error"].(map[string]any)["code"], "%s %s %q: %s", method, path, body, r.Raw)
+	require.Equal(t, before, counts(t, b.pool), "%s %s %q wrote nothing", method, path, body)
+	require.NotContains(t, logs.String(), `"level":"error"`, "a refused request is no server error")
+}
+
+// chatRaw is useChat's body for a new message, with the chat id, the
+// message id and the text as raw JSON string contents (escapes kept).
+func chatRaw(chatID, messageID, text string) string {
+	return `{"id":"` + chatID + `","trigger":"submit-message","messages":[{"id":"` + messageID +
+		`","role":"user","parts":[{"type":"text","text":"` + text + `"}]}]}`
+}
+
+// approvalRaw is useChat's body answering an approval whose id is the
+// raw JSON string contents approvalID.
+func approvalRaw(chatID, approvalID string) string {
+	return `{"id":"` + chatID + `","trigger":"submit-message","messages":[{"id":"reply","role":"assistant","parts":[` +
+		`{"type":"dynamic-tool","toolName":"mail__send","toolCallId":"call_1","state":"approval-responded","input":{},` +
+		`"approval":{"id":"` + approvalID + `","approved":true}}]}]}`
+}
+
+// TestANULCharacterIsRefusedWith400WhereverItWouldBeStored: U+0000 is
+// valid JSON but no PostgreSQL text holds it. In a message's content, a
+// conversation's title, a chat message's text, an approval's id (in the
+// path or in useChat's tool part) and an answer to a question, it is
+// refused with 400 and a code that says what is wrong, nothing is
+// written and nothing is logged as a server error (it was a 500).
+func TestANULCharacterIsRefusedWith400WhereverItWouldBeStored(t *testing.T) {
+	t.Parallel()
+	b, logs := setupLogged(t)
+	b.createConversation(t, b.alice, "c1")
+
+	b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"a\u0000b"}`, http.StatusBadRequest, "bad_text")
+	b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c2","title":"a\u0000b"}`, http.StatusBadRequest, "bad_text")
+	b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c\u00002"}`, http.StatusBadRequest, "bad_id")
+	b.refused(t, logs, "POST", "/v1/chat", chatRaw("chat1", "m1", `a\u0000b`), http.StatusBadRequest, "bad_text")
+	b.refused(t, logs, "POST", "/v1/chat", chatRaw("c1", "m1", `a\u0000b`), http.StatusBadRequest, "bad_text")
+	b.refused(t, logs, "POST", "/v1/chat", approvalRaw("c1", `ap_\u0000`), http.StatusBadRequest, "bad_id")
+	b.refused(t, logs, "POST", convPath("c1", "/approvals/ap_%00x"), `{"approved":true}`, http.StatusBadRequest, "bad_id")
+	b.refused(t, logs, "POST", convPath("c1", "/approvals/ap_x"), `{"answer":{"a\u0000":"b"}}`, http.StatusBadRequest, "bad_text")
+	b.refused(t, logs, "POST", convPath("c1", "/approvals/ap_x"), `{"answer":"\u0000"}`, http.StatusBadRequest, "bad_text")
+
+	// The Go producer refuses it too, as invalid text.
+	_, err := schema.InsertMessageTx(context.Background(), b.pool, schema.UserMessage{
+		OwnerID: b.aliceID, ConversationID: "c1", MessageID: "m1", Content: "a\x00b"})
+	require.ErrorIs(t, err, schema.ErrBadText)
+	require.ErrorIs(t, err, schema.ErrInvalid)
+	_, _, err = schema.CreateConversation(context.Background(), b.pool, b.aliceID, "c3", "a\x00b")
+	require.ErrorIs(t, err, schema.ErrBadText)
+}
+
+// TestInvalidUTF8AndUnpairedSurrogatesAreRefusedNotStoredAsReplacementCharacters:
+// Go's JSON decoder turns bytes that are not UTF-8 and an unpaired
+// surrogate escape into U+FFFD, so that "a\ud800" and "a\udfff" were one
+// stored id. In ids, content and titles, of the REST routes and the chat
+// route alike, they are refused with 400 bad_text and nothing is written;
+// a surrogate pair (an emoji) is stored as the character it is.
+func TestInvalidUTF8AndUnpairedSurrogatesAreRefusedNotStoredAsReplacementCharacters(t *testing.T) {
+	t.Parallel()
+	b, logs := setupLogged(t)
+	b.createConversation(t, b.alice, "c1")
+
+	for _, bad := range []string{"\xff", "a\xc3", "\xed\xa0\x80", `\ud800`, `a\udfffb`, `\ud800\u0041`, `\ud800\ud800`, `\ud83d`, `\ud83d"`} {
+		if strings.HasSuffix(bad, `"`) {
+			// A high surrogate right before the string's end.
+			bad = strings.TrimSuffix(bad, `"`)
+		}
+		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m`+bad+`","content":"hi"}`, http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"`+bad+`"}`, http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c`+bad+`"}`, http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c2","title":"`+bad+`"}`, http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", "/v1/chat", chatRaw("chat"+bad, "m1", "hi"), http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", "/v1/chat", chatRaw("c1", "m"+bad, "hi"), http.StatusBadRequest, "bad_text")
+		b.refused(t, logs, "POST", "/v1/chat", chatRaw("c1", "m1", bad), http.StatusBadRequest, "bad_text")
+	}
+
+	r := b.do(t, b.alice, "POST", convPath("c1", "/messages"), `{"id":"m\ud83d\ude00","content":"\ud83d\ude00"}`)
+	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+	require.Equal(t, "m😀", r.Body["id"])
+	require.Equal(t, "😀", r.Body["content"])
+}
+
+// TestABodyOverItsLimitGets413BodyTooLargeEverywhere: a part of a chat's
+// body far over --max-chat-body-bytes, wherever it is (a message's text,
+// the history, the chat's id, a field Baton skips), is 413
+// body_too_large as documented, never 400 "malformed JSON"; so is a REST
+// body over its limit.
+func TestABodyOverItsLimitGets413BodyTooLargeEverywhere(t *testing.T) {
+	t.Parallel()
+	b, logs := setupLogged(t)
+	b.createConversation(t, b.alice, "c1")
+	big := strings.Repeat("x", 200<<10)
+
+	b.refused(t, logs, "POST", "/v1/chat", chatRaw("c1", "m1", big), http.StatusRequestEntityTooLarge, "body_too_large")
+	b.refused(t, logs, "POST", "/v1/chat", chatRaw(big, "m1", "hi"), http.StatusRequestEntityTooLarge, "body_too_large")
+	b.refused(t, logs, "POST", "/v1/chat", `{"id":"c1","trigger":"submit-message","extra":"`+big+`"}`, http.StatusRequestEntityTooLarge, "body_too_large")
+	b.refused(t, logs, "POST", "/v1/chat", `{"id":"c1","messages":[{"id":"h","role":"user","parts":[{"type":"text","text":"`+big+`"}]},`,
+		http.StatusRequestEntityTooLarge, "body_too_large")
+	b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"`+strings.Repeat("x", 11<<10)+`"}`,
+		http.StatusRequestEntityTooLarge, "body_too_large")
+	b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c2","title":"`+big+`"}`, http.StatusRequestEntityTooLarge, "body_too_large")
+}
+
+// TestIdsThatCannotRoundTripThroughAURLPathAreRefusedByEveryWritePath:
+// "." and ".." were taken as chat and conversation ids, but URLs drop
+// such a path segment, so that GET could never reach what POST made.
+// The API, the Go producer and the SQL producer refuse them; "..." and
+// ids with slashes, which do round-trip, stay valid.
+func TestIdsThatCannotRoundTripThroughAURLPathAreRefusedByEveryWritePath(t *testing.T) {
+	t.Parallel()
+	b, logs := setupLogged(t)
+	ctx := context.Background()
+	b.createConversation(t, b.alice, "c1")
+	for _, id := range []string{".", ".."} {
+		b.refused(t, logs, "POST", "/v1/conversations", `{"id":"`+id+`"}`, http.StatusBadRequest, "bad_id")
+		b.refused(t, logs, "POST", "/v1/chat", chatRaw(id, "m1", "hi"), http.StatusBadRequest, "bad_id")
+		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"`+id+`","content":"hi"}`, http.StatusBadRequest, "bad_id")
+
+		_, _, err := schema.CreateConversation(ctx, b.pool, b.aliceID, id, "")
+		require.ErrorIs(t, err, schema.ErrInvalid, "the Go producer refuses %q", id)
+		_, err = b.pool.Exec(ctx, `SELECT * FROM baton_create_conversation('alice', $1)`, id)
+		requireSQLState(t, err, schema.SQLStateBadConversationID)
+		_, err = b.pool.Exec(ctx, `SELECT * FROM baton_send_message('alice', 'c1', $1, 'hi')`, id)
+		requireSQLState(t, err, schema.SQLStateBadMessageID)
+	}
+	for _, id := range []string{"...", "a/b", "a/../b", "?#%"} {
+		b.createConversation(t, b.alice, id)
+		r := b.do(t, b.alice, "GET", convPath(id), nil)
+		require.Equal(t, http.StatusOK, r.Status, "%q round-trips: %s", id, r.Raw)
+		require.Equal(t, id, r.Body["id"])
+	}
+}
+
+// TestAUserMessageCannotTakeAnIdOfTheServersReplies: replies and visible
+// errors have ids of the server's ("reply_…", "error_…"); a user message
+// that took one made two messages of a conversation show one id. Every
+// write path refuses such an id: 400 reserved_id from the API (REST and
+// chat), PB007 from the SQL producer, ErrReservedID from the Go one.
+func TestAUserMessageCannotTakeAnIdOfTheServersReplies(t *testing.T) {
+	t.Parallel()
+	b, logs := setupLogged(t)
+	ctx := context.Background()
+	b.createConversation(t, b.alice, "c1")
+	reply := schema.ReplyID([]int64{1}, 0)
+	for _, id := range []string{reply, "error_1", "reply_"} {
+		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"`+id+`","content":"hi"}`, http.StatusBadRequest, "reserved_id")
+		b.refused(t, logs, "POST", "/v1/chat", chatRaw("c1", id, "hi"), http.StatusBadRequest, "reserved_id")
+		_, err := schema.InsertMessageTx(ctx, b.pool, schema.UserMessage{OwnerID: b.aliceID, ConversationID: "c1", MessageID: id, Content: "hi"})
+		require.ErrorIs(t, err, schema.ErrReservedID)
+		_, err = b.pool.Exec(ctx, `SELECT * FROM baton_send_message('alice', 'c1', $1, 'hi')`, id)
+		requireSQLState(t, err, schema.SQLStateReservedMessageID)
+	}
+	// A conversation may have such an id: no reply shares its list.
+	b.createConversation(t, b.alice, "reply_c")
+	r := b.do(t, b.alice, "POST", convPath("c1", "/messages"), map[string]any{"id": "my_reply_1", "content": "hi"})
+	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+}
+
+func requireSQLState(t *testing.T, err error, code string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "want SQLSTATE %s, got %v", code, err)
+	require.Equal(t, code, pgErr.Code, pgErr.Message)
+}
