@@ -67,12 +67,12 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	// listens before the write: every event of the turn that answers it
 	// then reaches the stream, and only a message stored before needs the
 	// database's word on where its turn stands.
-	key, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
+	c, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
 	if err != nil {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	f := s.subscribe(key)
+	f := s.subscribe(c.Key)
 	defer f.unsubscribe()
 	var row int64
 	var existed bool
@@ -91,7 +91,13 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, f, row, existed, nil)
+	// A message that waits behind a turn stopped at an approval says so
+	// at once, with the approval's request, as a reload does: nothing
+	// else happens until its user decides (or it expires). One that
+	// came to a chat whose turn stops there later hears it from that
+	// turn's event (chatStream.event).
+	check := existed || c.TurnState == schema.TurnWaitingForApproval
+	s.streamReply(w, r, f, row, check, nil)
 }
 
 // checkChatRequest answers 400 to a request whose chat id or trigger
@@ -111,33 +117,32 @@ func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
 	return true
 }
 
-// chatKey returns the key of the user's chat, creating it on first use
-// (with create) within the user's quota, in a transaction of its own.
+// chatKey returns the user's chat, creating it on first use (with
+// create) within the user's quota, in a transaction of its own.
 //
 // A new chat commits before its first message: a worker's claim finds a
 // conversation by its row, which the message's transaction locks until
 // its commit is visible (see schema.ClaimTx); a conversation created in
 // that same transaction has no row to wait on yet, and a claim that came
 // early would take it for deleted.
-func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content string, create bool) (key string, created bool, err error) {
+func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content string, create bool) (c schema.Conversation, created bool, err error) {
 	// Most requests are to a chat that exists: one round trip.
 	if c, err := schema.GetConversation(ctx, s.pool, owner, chatID); err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
-		return c.Key, false, err
+		return c, false, err
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		c, err := schema.GetConversation(ctx, tx, owner, chatID)
+		var err error
+		c, err = schema.GetConversation(ctx, tx, owner, chatID)
 		if err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
-			key = c.Key
 			return err
 		}
 		if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
 		c, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
-		key = c.Key
 		return err
 	})
-	return key, created, err
+	return c, created, err
 }
 
 // submit stores the new message in the user's chat and returns its outbox

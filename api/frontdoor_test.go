@@ -2,10 +2,12 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
@@ -194,4 +196,35 @@ func requireSQLState(t *testing.T, err error, code string) {
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "want SQLSTATE %s, got %v", code, err)
 	require.Equal(t, code, pgErr.Code, pgErr.Message)
+}
+
+// TestAMessageSentWhileATurnWaitsForApprovalShowsTheApprovalAtOnce: a
+// message sent to a chat whose turn waits for its user's approval got a
+// 200 stream that sent nothing until the approval was decided or expired
+// (a day). Its stream now says at once why it waits: the pending
+// approval's request, as a reload shows it, and its end for now.
+func TestAMessageSentWhileATurnWaitsForApprovalShowsTheApprovalAtOnce(t *testing.T) {
+	t.Parallel()
+	s := startChatStack(t)
+	first := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("waits", "waits-m1", "mail erin"))
+	first.rest()
+	approvalID := first.first("tool-approval-request")["approvalId"]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	body, err := json.Marshal(chatBody("waits", "waits-m2", "are you there?"))
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(ctx, "POST", s.srv.URL+"/v1/chat", strings.NewReader(string(body)))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+s.alice)
+	resp, err := s.srv.Client().Do(req)
+	require.NoError(t, err)
+	next := streamOf(t, "POST", "/v1/chat", resp)
+	next.rest()
+	types := next.types()
+	require.Equal(t, []string{"tool-approval-request", "finish-step", "finish"}, types[len(types)-3:],
+		"the stream shows the approval the chat waits for, at once: %v", types)
+	require.Equal(t, approvalID, next.first("tool-approval-request")["approvalId"])
+	require.Equal(t, first.first("start")["messageId"], next.first("start")["messageId"], "the waiting turn's reply, as a reload shows it")
+	require.Equal(t, "tool-calls", next.first("finish")["finishReason"])
 }

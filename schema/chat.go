@@ -236,9 +236,12 @@ type ChatApproval struct {
 	ReplyID string
 }
 
-// WaitingApproval returns the approval that the turn of an outbox row of
-// the conversation with the given key waits for, while it waits (pending
-// and in time); nil when it waits for none.
+// WaitingApproval returns the approval that an outbox row of the
+// conversation with the given key waits for, while it waits (pending and
+// in time); nil when it waits for none. That is the approval the
+// conversation waits for: the one its row's turn stopped at, or, for a
+// row that came after, the one that holds every turn of the conversation
+// until it is decided.
 func WaitingApproval(ctx context.Context, db Executor, conversationKey string, outboxID int64) (*ChatApproval, error) {
 	var a ChatApproval
 	var args string
@@ -249,7 +252,8 @@ func WaitingApproval(ctx context.Context, db Executor, conversationKey string, o
 			(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))
 		FROM conversations c JOIN approvals a ON a.id = c.approval_id
 		LEFT JOIN operations o ON o.id = a.operation_id
-		WHERE c.id = $1 AND $2 = ANY(a.outbox_ids) AND a.status = 'pending' AND a.expires_at > now()`,
+		WHERE c.id = $1 AND a.status = 'pending' AND a.expires_at > now()
+			AND EXISTS (SELECT 1 FROM agent_outbox x WHERE x.id = $2 AND x.conversation_id = c.id AND x.status = 'pending')`,
 		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &rows, &generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
