@@ -77,7 +77,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	var row int64
 	var existed bool
 	if req.Trigger == triggerRegenerate {
-		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID)
+		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID, req.RepeatWrites)
 	} else {
 		row, existed, err = s.submit(ctx, user.ID, req.ChatID, messageID, content)
 	}
@@ -181,13 +181,13 @@ var errNoTurn = errors.New("the message's turn is too old to follow")
 
 // regenerate puts the newest turn of the chat, the one that answered
 // messageID, back to be answered again, and returns the turn's oldest row.
-func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string) (int64, error) {
+func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string, repeatWrites bool) (int64, error) {
 	var out schema.Regenerated
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		out, err = schema.RegenerateTx(ctx, tx, schema.Regenerate{
 			OwnerID: owner, ConversationID: chatID, MessageID: messageID, ReplyID: replyID,
-			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour,
+			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour, RepeatWrites: repeatWrites,
 		})
 		if err != nil {
 			return err
@@ -263,7 +263,18 @@ func (s *Server) decideApprovals(ctx context.Context, tx pgx.Tx, w http.Response
 		switch {
 		case errors.Is(err, schema.ErrNotFound):
 			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
-		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
+		case (err == nil || errors.Is(err, schema.ErrApprovalDecided)) && a.Status == schema.ApprovalExpired:
+			// Past its time: the call was denied, as through the REST
+			// route. The expiry commits on its own (this transaction
+			// is refused whole).
+			expiredNow := err == nil
+			return nil, 0, func() {
+				if expiredNow {
+					_, _ = s.decide(context.WithoutCancel(ctx), userID, chatID, id, schema.Decision{Approved: resp.Approved, UserID: userID})
+				}
+				writeError(w, http.StatusConflict, "approval_expired", "the approval "+strconv.Quote(id)+" waited past its time and the call was denied")
+			}, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want:
 			return nil, 0, func() {
 				writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
 			}, errRefused
@@ -360,7 +371,7 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 // refuseChat answers a chat request that its write refused.
 func (s *Server) refuseChat(w http.ResponseWriter, r *http.Request, chatID string, err error) {
 	switch {
-	case quotaExceeded(w, err):
+	case quotaExceeded(w, err), turnMadeWrites(w, err):
 	case errors.Is(err, schema.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" with that message for this user")
 	case errors.Is(err, schema.ErrConflict):

@@ -33,6 +33,10 @@ type chatRequest struct {
 	// Last is the last message of the list; Count how many there were.
 	Last  *uiMessageIn
 	Count int
+	// RepeatWrites, with regenerate, answers again a turn that made
+	// writes: regenerate({body: {repeat_writes: true}}) puts it in the
+	// body.
+	RepeatWrites bool
 }
 
 // uiMessageIn is a message of the list as far as Baton reads it.
@@ -106,6 +110,8 @@ func readChatRequest(body io.Reader, maxMessages int) (chatRequest, error) {
 			err = decodeString(dec, "messageId", &req.MessageID)
 		case "messages":
 			err = readMessages(dec, maxMessages, &req)
+		case "repeat_writes":
+			err = decodeBool(dec, "repeat_writes", &req.RepeatWrites)
 		default:
 			err = skipValue(dec)
 		}
@@ -162,6 +168,20 @@ func decodeString(dec *json.Decoder, field string, into *string) error {
 			return readErr
 		}
 		return badChat("%q must be a string: %s", field, jsonErrorMessage(err))
+	}
+	if v != nil {
+		*into = *v
+	}
+	return nil
+}
+
+func decodeBool(dec *json.Decoder, field string, into *bool) error {
+	var v *bool
+	if err := dec.Decode(&v); err != nil {
+		if readErr := bodyProblem(err); readErr != nil {
+			return readErr
+		}
+		return badChat("%q must be true or false: %s", field, jsonErrorMessage(err))
 	}
 	if v != nil {
 		*into = *v

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/api"
+	"github.com/batonhq/baton/internal/testenv"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -227,4 +228,83 @@ func TestAMessageSentWhileATurnWaitsForApprovalShowsTheApprovalAtOnce(t *testing
 	require.Equal(t, approvalID, next.first("tool-approval-request")["approvalId"])
 	require.Equal(t, first.first("start")["messageId"], next.first("start")["messageId"], "the waiting turn's reply, as a reload shows it")
 	require.Equal(t, "tool-calls", next.first("finish")["finishReason"])
+}
+
+// TestAnsweringAgainATurnThatMadeWritesIsRefusedUnlessTheRequestSaysToRepeatThem:
+// a regenerate (useChat's regenerate(), which puts regenerate({body})'s
+// fields in the request) or a retry (REST) of a turn that made a write
+// ran the write again without a word. It is refused with 409
+// turn_made_writes naming the write, and nothing changes; with
+// "repeat_writes": true it goes ahead.
+func TestAnsweringAgainATurnThatMadeWritesIsRefusedUnlessTheRequestSaysToRepeatThem(t *testing.T) {
+	t.Parallel()
+	s := startChatStack(t)
+	first := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("writes", "writes-m1", "mail frank"))
+	first.rest()
+	approvalID := first.first("tool-approval-request")["approvalId"].(string)
+	s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, approvalAnswer("writes", "writes-m1", "mail frank", first, approvalID, true)).rest()
+	require.Len(t, s.mail.Calls(), 1, "the write was made")
+	replyID := first.first("start")["messageId"]
+
+	regenerate := chatBody("writes", "writes-m1", "mail frank", map[string]any{"trigger": "regenerate-message", "messageId": replyID})
+	before := counts(t, s.pool)
+	r := s.do(t, s.alice, "POST", "/v1/chat", regenerate)
+	require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+	require.Equal(t, "turn_made_writes", r.Body["error"].(map[string]any)["code"])
+	require.Contains(t, r.Raw, "mail__send", "the refusal names the write")
+	require.Contains(t, r.Raw, "repeat_writes", "and says how to go ahead")
+	require.Equal(t, before, counts(t, s.pool))
+	require.Equal(t, 0, testenv.Count(t, s.pool, `SELECT count(*) FROM messages WHERE superseded_at IS NOT NULL`), "the reply is not replaced")
+
+	regenerate["repeat_writes"] = true
+	again := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, regenerate)
+	again.rest()
+	require.NotEqual(t, replyID, again.first("start")["messageId"], "a new turn answers, with a reply of its own")
+	require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM messages WHERE superseded_at IS NOT NULL`))
+
+	// The same through a REST retry: a turn that made a write, then
+	// failed.
+	second := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("writes-2", "writes-2-m1", "mail gina"))
+	second.rest()
+	approvalID = second.first("tool-approval-request")["approvalId"].(string)
+	s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, approvalAnswer("writes-2", "writes-2-m1", "mail gina", second, approvalID, true)).rest()
+	_, err := s.pool.Exec(context.Background(), `UPDATE agent_outbox SET status = 'error'
+		WHERE conversation_id = (SELECT id FROM conversations WHERE public_id = 'writes-2')`)
+	require.NoError(t, err)
+	r = s.do(t, s.alice, "POST", convPath("writes-2", "/retry"), nil)
+	require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+	require.Equal(t, "turn_made_writes", r.Body["error"].(map[string]any)["code"])
+	require.Contains(t, r.Raw, "mail__send")
+	require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM agent_outbox o JOIN conversations c ON c.id = o.conversation_id
+		WHERE c.public_id = 'writes-2' AND o.status = 'error'`), "nothing was retried")
+	r = s.do(t, s.alice, "POST", convPath("writes-2", "/retry"), map[string]any{"repeat_writes": true})
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Equal(t, float64(1), r.Body["retried"])
+}
+
+// TestAnExpiredApprovalAnsweredThroughUseChatGets409LikeThroughREST: an
+// answer, in useChat's request, to an approval past its time was taken
+// as given and streamed the turn on; it is 409 approval_expired, as the
+// REST route answers, and the expiry (the call denied) is committed.
+func TestAnExpiredApprovalAnsweredThroughUseChatGets409LikeThroughREST(t *testing.T) {
+	t.Parallel()
+	s := startChatStack(t)
+	first := s.openChat(t, s.srv, "POST", "/v1/chat", s.alice, chatBody("late", "late-m1", "mail hank"))
+	first.rest()
+	approvalID := first.first("tool-approval-request")["approvalId"].(string)
+	_, err := s.pool.Exec(context.Background(), `UPDATE approvals SET expires_at = now() - interval '1 second' WHERE public_id = $1`, approvalID)
+	require.NoError(t, err)
+
+	answer := approvalAnswer("late", "late-m1", "mail hank", first, approvalID, true)
+	r := s.do(t, s.alice, "POST", "/v1/chat", answer)
+	require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+	require.Equal(t, "approval_expired", r.Body["error"].(map[string]any)["code"])
+	require.Equal(t, 1, testenv.Count(t, s.pool, `SELECT count(*) FROM approvals WHERE public_id = $1 AND status = 'expired'`, approvalID),
+		"the expiry is committed")
+	r = s.do(t, s.alice, "POST", "/v1/chat", answer)
+	require.Equal(t, http.StatusConflict, r.Status, "the same answer again: %s", r.Raw)
+	require.Equal(t, "approval_expired", r.Body["error"].(map[string]any)["code"])
+	for _, call := range s.mail.Calls() {
+		require.NotContains(t, call, "hank", "an expired call is never sent")
+	}
 }

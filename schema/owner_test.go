@@ -134,7 +134,7 @@ func TestRetriesOfAConversationAreLimitedPerHour(t *testing.T) {
 		var res schema.RetryResult
 		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 			var err error
-			res, err = schema.RetryFailedTx(ctx, tx, b.owner, "c", 2)
+			res, err = schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: b.owner, ConversationID: "c", MaxPerHour: 2})
 			return err
 		})
 		return res, err

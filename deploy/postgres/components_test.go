@@ -172,7 +172,7 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 		return err
 	})
 	inTx(t, api, "RetryFailedTx and AnnounceTx as baton_api", func(tx pgx.Tx) error {
-		res, err := schema.RetryFailedTx(ctx, tx, user.ID, "demo", 10)
+		res, err := schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: user.ID, ConversationID: "demo", MaxPerHour: 10})
 		if err != nil {
 			return err
 		}
