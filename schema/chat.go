@@ -182,26 +182,23 @@ type RowTurn struct {
 // with the given key stands, or ErrNotFound.
 func ReadRowTurn(ctx context.Context, db Executor, conversationKey string, outboxID int64) (RowTurn, error) {
 	var t RowTurn
-	var runRows []int64
-	var runGeneration int
 	err := db.QueryRow(ctx, `
 		SELECT o.status, coalesce(o.run_id, ''), o.generation, o.stopped_at IS NOT NULL,
 			CASE WHEN o.status IN ('done', 'error') AND o.run_id IS NOT NULL THEN coalesce(
 				(SELECT a.reply_message_id FROM agent_runs a WHERE a.id = o.run_id),
 				(SELECT m.id FROM messages m WHERE m.conversation_id = o.conversation_id AND m.run_id = o.run_id
 					AND m.role IN ('assistant', 'error') ORDER BY m.seq DESC LIMIT 1), '') ELSE '' END,
-			coalesce((SELECT a.outbox_ids FROM agent_runs a WHERE a.id = o.run_id AND o.status = 'processing'), '{}'),
-			coalesce((SELECT max(x.generation) FROM agent_runs a JOIN agent_outbox x ON x.id = ANY(a.outbox_ids)
-				WHERE a.id = o.run_id AND o.status = 'processing'), 0)
+			coalesce((SELECT baton_reply_id(o.conversation_id, a.outbox_ids,
+				(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids)))
+				FROM agent_runs a WHERE a.id = o.run_id AND o.status = 'processing'), '')
 		FROM agent_outbox o WHERE o.id = $1 AND o.conversation_id = $2`, outboxID, conversationKey).
-		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID, &runRows, &runGeneration)
+		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID, &t.RunReplyID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RowTurn{}, ErrNotFound
 	}
 	if err != nil {
 		return RowTurn{}, fmt.Errorf("read the turn of outbox row %d: %w", outboxID, err)
 	}
-	t.RunReplyID = ReplyID(runRows, runGeneration)
 	return t, nil
 }
 
@@ -245,22 +242,20 @@ type ChatApproval struct {
 func WaitingApproval(ctx context.Context, db Executor, conversationKey string, outboxID int64) (*ChatApproval, error) {
 	var a ChatApproval
 	var args string
-	var rows []int64
-	var generation int
 	err := db.QueryRow(ctx, `
-		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text, a.outbox_ids,
-			(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))
+		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text,
+			baton_reply_id(c.id, a.outbox_ids, (SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids)))
 		FROM conversations c JOIN approvals a ON a.id = c.approval_id
 		LEFT JOIN operations o ON o.id = a.operation_id
 		WHERE c.id = $1 AND a.status = 'pending' AND a.expires_at > now()
 			AND EXISTS (SELECT 1 FROM agent_outbox x WHERE x.id = $2 AND x.conversation_id = c.id AND x.status = 'pending')`,
-		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &rows, &generation)
+		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &a.ReplyID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the approval a turn waits for: %w", err)
 	}
-	a.Arguments, a.ReplyID = json.RawMessage(args), ReplyID(rows, generation)
+	a.Arguments = json.RawMessage(args)
 	return &a, nil
 }

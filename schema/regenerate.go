@@ -46,7 +46,7 @@ type Regenerated struct {
 	// caller to announce in the same transaction (AnnounceTx).
 	OutboxIDs []int64
 	// Generation is the rows' new generation: the new turn's reply is
-	// ReplyID(OutboxIDs, Generation).
+	// derived from OutboxIDs and Generation (see TurnIDs).
 	Generation int
 	// Superseded is the reply (or visible error) that the new turn
 	// replaces, kept and marked superseded; empty when the turn had none

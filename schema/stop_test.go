@@ -163,7 +163,7 @@ func TestRegenerateAnswersTheNewestTurnAgainWithAReplyOfItsOwn(t *testing.T) {
 	require.Equal(t, []string{"one"}, contents(in.Messages), "the same input again")
 	require.NotContains(t, contents(in.History), "first", "the superseded reply is no context of its own turn")
 	require.NotEqual(t, c1.TurnID, c2.TurnID, "a turn of its own")
-	require.Equal(t, schema.TurnIDOf(c1.OutboxIDs, 1), c2.TurnID, "the claim computes the turn id as Go does")
+	require.Equal(t, b.turnID(t, "c", c1.OutboxIDs, 1), c2.TurnID, "the claim derives the turn id as TurnIDs does")
 	second, err := schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c2.TurnID,
 		OutboxIDs: c2.OutboxIDs, Generation: c2.Generation, Content: "second"})
 	require.NoError(t, err)
@@ -316,7 +316,7 @@ func TestAStopWhileATurnWaitsForApprovalDeniesItAndNothingOfItRunsLater(t *testi
 	c2, in, err := schema.ClaimTurn(ctx, b.db.Pool, schema.ClaimParams{ConversationID: b.key("c"), RunID: "run-2", Worker: "w", Lease: time.Minute, MaxAttempts: 3}, 10)
 	require.NoError(t, err, "nothing waits any more")
 	require.Nil(t, c2.Resume, "the stopped turn is never resumed")
-	require.Equal(t, schema.TurnIDOf([]int64{row}, 1), c2.TurnID)
+	require.Equal(t, b.turnID(t, "c", []int64{row}, 1), c2.TurnID)
 	require.Equal(t, []string{"one"}, contents(in.Messages))
 	require.Zero(t, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM conversations WHERE id = $1 AND approval_id IS NOT NULL`, b.key("c")), "the claim forgot the approval")
 	_, err = schema.FinalizeTurn(ctx, b.db.Pool, schema.Finalize{ConversationID: b.key("c"), RunID: "run-2", TurnID: c2.TurnID, OutboxIDs: c2.OutboxIDs,
