@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -307,4 +308,74 @@ func TestAnExpiredApprovalAnsweredThroughUseChatGets409LikeThroughREST(t *testin
 	for _, call := range s.mail.Calls() {
 		require.NotContains(t, call, "hank", "an expired call is never sent")
 	}
+}
+
+// TestNoCursorOrEventAClientSeesCountsTheServersMessages: the message
+// lists paged with the global seq (next_after, next_before, each
+// message's "seq") and events carried the global outbox ids, so that any
+// user could count the messages of the whole server. The cursors are
+// opaque and the conversation's own: they page as before, say nothing
+// that parses as a number, and one conversation's is refused in another
+// (400 bad_cursor); messages carry no seq and a client's events no outbox
+// ids.
+func TestNoCursorOrEventAClientSeesCountsTheServersMessages(t *testing.T) {
+	t.Parallel()
+	l := startLiveAPI(t, nil, "alice")
+	b, tok := l.bundle, l.alice
+	b.createConversation(t, tok, "c1")
+	b.createConversation(t, tok, "c2")
+	s := openSSE(t, l.srv.URL+convPath("c1", "/events"), tok, "")
+	for i, id := range []string{"m1", "m2", "m3"} {
+		r := b.do(t, tok, "POST", convPath("c1", "/messages"), map[string]any{"id": id, "content": "hi"})
+		require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+		require.NotContains(t, r.Body, "seq", "a stored message carries no global seq")
+		if i == 0 {
+			ev, _ := nextEvent(t, s)
+			require.NotContains(t, ev.Data, "outbox_ids", "a client's event carries no outbox ids: %s", ev.Data)
+		}
+	}
+
+	var ids []string
+	after := ""
+	for page := 0; ; page++ {
+		require.Less(t, page, 5)
+		path := convPath("c1", "/messages?limit=1")
+		if after != "" {
+			path += "&after=" + after
+		}
+		r := b.do(t, tok, "GET", path, nil)
+		require.Equal(t, http.StatusOK, r.Status, r.Raw)
+		for _, m := range r.Body["messages"].([]any) {
+			require.NotContains(t, m.(map[string]any), "seq")
+			ids = append(ids, m.(map[string]any)["id"].(string))
+		}
+		next, ok := r.Body["next_after"].(string)
+		if !ok {
+			require.NotContains(t, r.Body, "next_after")
+			break
+		}
+		_, err := strconv.ParseInt(next, 10, 64)
+		require.Error(t, err, "the cursor %q is no number", next)
+		after = next
+		r = b.do(t, tok, "GET", convPath("c2", "/messages?after="+next), nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, "another conversation's cursor: %s", r.Raw)
+		require.Equal(t, "bad_cursor", r.Body["error"].(map[string]any)["code"])
+	}
+	require.Equal(t, []string{"m1", "m2", "m3"}, ids, "the cursors page through every message once")
+	for _, bad := range []string{"0", "5", "-1", "AAAAAAAAAAAAAAAAAAAAAA", "%00"} {
+		r := b.do(t, tok, "GET", convPath("c1", "/messages?after="+bad), nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, "after=%s: %s", bad, r.Raw)
+	}
+
+	r := b.do(t, tok, "GET", "/v1/chat/c1?limit=2", nil)
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	before, ok := r.Body["next_before"].(string)
+	require.True(t, ok, "an older page follows: %s", r.Raw)
+	_, err := strconv.ParseInt(before, 10, 64)
+	require.Error(t, err, "the cursor %q is no number", before)
+	r = b.do(t, tok, "GET", "/v1/chat/c1?before="+before, nil)
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Len(t, r.Body["messages"].([]any), 1)
+	r = b.do(t, tok, "GET", "/v1/chat/c2?before="+before, nil)
+	require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)
 }

@@ -56,14 +56,33 @@ const (
 )
 
 // ChatHistory returns up to limit of ownerID's conversation's messages
-// said before the one whose Seq is before (0: the newest), oldest first,
-// with more set when older ones exist. Replies that a regenerated one
-// replaced are left out; a reply's tool calls come with it.
-func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID string, before int64, limit int) (msgs []ChatMessage, more bool, err error) {
+// said before the cursor before (a page's next; "": the newest), oldest
+// first, with the cursor of the page before it, "" when none is older.
+// Replies that a regenerated one replaced are left out; a reply's tool
+// calls come with it. A cursor that is not the conversation's is
+// ErrBadCursor.
+func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID string, beforeCursor string, limit int) (msgs []ChatMessage, next string, err error) {
 	c, err := GetConversation(ctx, db, ownerID, conversationID)
 	if err != nil {
-		return nil, false, err
+		return nil, "", err
 	}
+	var before int64
+	if beforeCursor != "" {
+		if before, err = c.Position(beforeCursor); err != nil {
+			return nil, "", err
+		}
+		if before == 0 {
+			return nil, "", ErrBadCursor
+		}
+	}
+	msgs, more, err := chatHistory(ctx, db, c.Key, before, limit)
+	if err != nil || !more {
+		return msgs, "", err
+	}
+	return msgs, c.Cursor(msgs[0].Seq), nil
+}
+
+func chatHistory(ctx context.Context, db Executor, key string, before int64, limit int) (msgs []ChatMessage, more bool, err error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, role, content, seq, truncated, stopped, settled, run_id FROM (
 			SELECT coalesce(m.public_id, m.id) AS id, m.role, m.content, m.seq, m.truncated, m.stopped,
@@ -71,7 +90,7 @@ func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 			WHERE m.conversation_id = $1 AND ($2 = 0 OR m.seq < $2) AND m.superseded_at IS NULL
 			ORDER BY m.seq DESC LIMIT $3) page
-		ORDER BY seq`, c.Key, before, limit+1)
+		ORDER BY seq`, key, before, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("chat history: %w", err)
 	}

@@ -40,6 +40,9 @@ type Conversation struct {
 	LastMessageAt *time.Time `json:"last_message_at"`
 	UnreadCount   int        `json:"unread_count"`
 	TurnState     TurnState  `json:"turn_state"`
+	// Salt is the conversation's secret: its turn and reply ids and its
+	// cursors derive from it (see Cursor). Clients never see it.
+	Salt []byte `json:"-"`
 }
 
 // CreateConversation creates a conversation owned by ownerID under the
@@ -75,12 +78,12 @@ const conversationColumns = `
 			THEN CASE WHEN c.not_before > now() THEN 'waiting' ELSE 'pending' END
 		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'
 		ELSE 'idle'
-	END`
+	END, c.id_salt`
 
 func scanConversation(row pgx.Row) (Conversation, error) {
 	var c Conversation
 	var state string
-	err := row.Scan(&c.ID, &c.Key, &c.RunID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
+	err := row.Scan(&c.ID, &c.Key, &c.RunID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state, &c.Salt)
 	c.TurnState = TurnState(state)
 	return c, err
 }

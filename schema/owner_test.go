@@ -54,7 +54,7 @@ func TestTwoOwnersUseTheSameIdsWithoutMeeting(t *testing.T) {
 	require.True(t, again.Existed, "my retry is recognized")
 	require.Equal(t, a.OutboxID, again.OutboxID)
 
-	msgs, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "demo", 0, 10)
+	msgs, _, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "demo", "", 10)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 	require.Equal(t, "m1", msgs[0].ID)

@@ -26,9 +26,10 @@ type Message struct {
 	// Status is the outbox status of a user message (pending, processing,
 	// done, error); nil for other roles.
 	Status *string `json:"status,omitempty"`
-	// Seq orders the messages of a conversation; it is also the cursor of
-	// ListMessages.
-	Seq int64 `json:"seq"`
+	// Seq orders the messages of the whole server; clients never see it
+	// (it would count every message). A page's cursor holds it encrypted
+	// (Conversation.Cursor).
+	Seq int64 `json:"-"`
 	// Truncated marks a reply the model cut off before its end.
 	Truncated bool `json:"truncated,omitempty"`
 	// Stopped marks a reply that a stop ended: what the run had written.
@@ -115,22 +116,39 @@ const (
 )
 
 // ListMessages returns up to limit messages of ownerID's conversation with
-// the given id, oldest first, after the message whose Seq is after (0 for
-// the start), each user message with its outbox status (or "stopped",
-// for one a stop settled before a turn answered it). The last
-// message's Seq is the cursor of the next page.
-func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after int64, limit int) ([]Message, error) {
+// the given id, oldest first, after the cursor after (a page's next, ""
+// for the start), each user message with its outbox status (or "stopped",
+// for one a stop settled before a turn answered it), and the cursor of
+// the next page, "" when none follows. A cursor that is not the
+// conversation's is ErrBadCursor.
+func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after string, limit int) (msgs []Message, next string, err error) {
 	c, err := GetConversation(ctx, db, ownerID, conversationID)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	var from int64
+	if after != "" {
+		if from, err = c.Position(after); err != nil {
+			return nil, "", err
+		}
+	}
+	// One more than asked tells whether another page follows.
+	msgs, err = listMessages(ctx, db, c.Key, conversationID, from, limit+1)
+	if err != nil || len(msgs) <= limit {
+		return msgs, "", err
+	}
+	msgs = msgs[:limit]
+	return msgs, c.Cursor(msgs[limit-1].Seq), nil
+}
+
+func listMessages(ctx context.Context, db Executor, key, conversationID string, after int64, limit int) ([]Message, error) {
 	rows, err := db.Query(ctx, `
 		SELECT coalesce(m.public_id, m.id), m.role, m.content, m.created_at, m.seq,
 			CASE WHEN o.stopped_at IS NOT NULL THEN 'stopped' ELSE o.status END, m.truncated, m.stopped, m.superseded_at IS NOT NULL
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
 		ORDER BY m.seq
-		LIMIT $3`, c.Key, after, limit)
+		LIMIT $3`, key, after, limit)
 	if err != nil {
 		return nil, err
 	}
