@@ -21,7 +21,7 @@ import (
 
 // setupLogged is setup with the server's log kept, and chat bodies
 // limited to 64 KiB.
-func setupLogged(t *testing.T) (*bundle, *lockedBuffer) {
+func setupLogged(t testing.TB) (*bundle, *lockedBuffer) {
 	t.Helper()
 	var logs lockedBuffer
 	log := zerolog.New(&logs)

@@ -30,7 +30,7 @@ import (
 // setupEdge serves the API with the http.Server that `baton api` runs
 // (api.Server.HTTPServer: its timeouts and header limit), with cfg's
 // limits and js (nil: no live events), on a real TCP listener.
-func setupEdge(t *testing.T, cfg api.Config, js jetstream.JetStream) *bundle {
+func setupEdge(t testing.TB, cfg api.Config, js jetstream.JetStream) *bundle {
 	t.Helper()
 	pool := testenv.Database(t).Pool
 	ctx := context.Background()
