@@ -97,11 +97,8 @@ func TestInvalidUTF8AndUnpairedSurrogatesAreRefusedNotStoredAsReplacementCharact
 	b, logs := setupLogged(t)
 	b.createConversation(t, b.alice, "c1")
 
-	for _, bad := range []string{"\xff", "a\xc3", "\xed\xa0\x80", `\ud800`, `a\udfffb`, `\ud800\u0041`, `\ud800\ud800`, `\ud83d`, `\ud83d"`} {
-		if strings.HasSuffix(bad, `"`) {
-			// A high surrogate right before the string's end.
-			bad = strings.TrimSuffix(bad, `"`)
-		}
+	// The last one is a high surrogate right before the string's end.
+	for _, bad := range []string{"\xff", "a\xc3", "\xed\xa0\x80", `\ud800`, `a\udfffb`, `\ud800\u0041`, `\ud800\ud800`, `\ud83d`} {
 		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m`+bad+`","content":"hi"}`, http.StatusBadRequest, "bad_text")
 		b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"`+bad+`"}`, http.StatusBadRequest, "bad_text")
 		b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c`+bad+`"}`, http.StatusBadRequest, "bad_text")
