@@ -169,7 +169,7 @@ func TestIdsThatCannotRoundTripThroughAURLPathAreRefusedByEveryWritePath(t *test
 // errors have ids of the server's ("reply_…", "error_…"); a user message
 // that took one made two messages of a conversation show one id. Every
 // write path refuses such an id: 400 reserved_id from the API (REST and
-// chat), PB007 from the SQL producer, ErrReservedID from the Go one.
+// chat), PB013 from the SQL producer, ErrReservedID from the Go one.
 func TestAUserMessageCannotTakeAnIdOfTheServersReplies(t *testing.T) {
 	t.Parallel()
 	b, logs := setupLogged(t)

@@ -41,7 +41,7 @@ var (
 // before a conversation's ids were salted: the same rows always make the
 // same turn, whichever run or attempt claims them. Turns whose oldest row
 // came later hash the same text with their conversation's secret salt
-// (TurnIDs, the SQL function baton_turn_id of migration 00024), so that
+// (TurnIDs, the SQL function baton_turn_id of migration 00026), so that
 // no id says how many messages the server holds.
 func TurnID(outboxIDs []int64) string { return TurnIDOf(outboxIDs, 0) }
 
@@ -95,7 +95,7 @@ func ErrorMessageID(runID string) string { return "error_" + strings.TrimPrefix(
 // TurnIDs returns the turn id and the reply id of a turn over outbox rows
 // of the conversation with the given key at a generation, as the claim
 // derives them: salted with the conversation's secret when the oldest row
-// is (every row inserted since migration 00024), TurnIDOf and ReplyID
+// is (every row inserted since migration 00026), TurnIDOf and ReplyID
 // otherwise.
 func TurnIDs(ctx context.Context, db Executor, conversationKey string, outboxIDs []int64, generation int) (turnID, replyID string, err error) {
 	err = db.QueryRow(ctx, `SELECT baton_turn_id($1, $2, $3), baton_reply_id($1, $2, $3)`, conversationKey, outboxIDs, generation).

@@ -43,7 +43,7 @@ func TestTheIdsOfANewTurnSayNothingOfTheServersMessageCount(t *testing.T) {
 }
 
 // TestATurnWhoseRowsPredateTheSaltKeepsItsIdsAcrossReclaims: rows stored
-// before migration 00024 (salted_ids NULL) keep the unsalted ids, so that
+// before migration 00026 (salted_ids NULL) keep the unsalted ids, so that
 // a turn claimed before the change, claimed again after a worker died,
 // still announces and finalizes the reply id its streams were told, and
 // writes one reply. A turn whose steps were journaled keeps the turn id

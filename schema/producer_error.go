@@ -42,7 +42,7 @@ const (
 	SQLStateBadTitle = "PB006"
 	// SQLStateReservedMessageID: the message id starts with a prefix of
 	// the server's own messages ("reply_", "error_"); see ValidateID.
-	SQLStateReservedMessageID = "PB007"
+	SQLStateReservedMessageID = "PB013"
 	// SQLStateUnknownConversation: the user has no conversation of that id.
 	SQLStateUnknownConversation = "PB010"
 	// SQLStateConflict: the user's message id was used for other content

@@ -5,7 +5,7 @@
 --   conversation of that id could be written and never read (PB002, PB003);
 --   a message id may not start with "reply_" or "error_", the prefixes of
 --   the ids the server gives its replies and visible errors, so that no two
---   messages of a conversation ever show one id (PB007).
+--   messages of a conversation ever show one id (PB013).
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION baton_check_id(kind text, id text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -36,7 +36,7 @@ BEGIN
       MESSAGE = format('%s id "%s" cannot be a part of a URL''s path (URLs drop it): choose another', kind, id);
   END IF;
   IF kind = 'message' AND (starts_with(id, 'reply_') OR starts_with(id, 'error_')) THEN
-    RAISE EXCEPTION USING ERRCODE = 'PB007',
+    RAISE EXCEPTION USING ERRCODE = 'PB013',
       MESSAGE = format('message id "%s" starts with "%s", which only the server''s replies and errors use: choose another id', id, left(id, 6));
   END IF;
 END
