@@ -10,7 +10,7 @@ import (
 // The rules of the ids and the text that clients choose, held by every
 // write path: the API checks them before anything reaches the database,
 // and the producer functions hold the SQL producer to the same rules
-// (baton_check_id, migrations 00015 and 00022). docs/reference/http-api.md
+// (baton_check_id, migrations 00015 and 00024). docs/reference/http-api.md
 // ("Ids and text") is their one place for people.
 
 // MaxIDLength is the longest conversation or message ID, in characters.
