@@ -2,8 +2,10 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -31,11 +33,15 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		id = *req.ID
 	}
 	if err := schema.ValidateID("conversation", id); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return
 	}
-	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength || !utf8.ValidString(req.Title) {
-		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
+	if terr := checkText("title", req.Title); terr != nil {
+		writeTextError(w, terr)
+		return
+	}
+	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength {
+		writeError(w, http.StatusBadRequest, "bad_title", "title must be at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
 		return
 	}
 	policy := s.cfg.DoubleTexting
@@ -97,10 +103,21 @@ func (s *Server) listConversations(w http.ResponseWriter, r *http.Request) {
 func conversationID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	cid := r.PathValue("cid")
 	if err := schema.ValidateID("conversation", cid); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return "", false
 	}
 	return cid, true
+}
+
+// refuseID answers a request whose id breaks the rules of
+// schema.ValidateID: 400 bad_id, or reserved_id for a message id that
+// takes a prefix of the server's own messages.
+func refuseID(w http.ResponseWriter, err error) {
+	code := "bad_id"
+	if errors.Is(err, schema.ErrReservedID) {
+		code = "reserved_id"
+	}
+	writeError(w, http.StatusBadRequest, code, err.Error())
 }
 
 func (s *Server) notFound(w http.ResponseWriter, cid string) {
@@ -201,17 +218,30 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// repeatRequest is the body of a retry: whether a turn that made writes
+// may make them again.
+type repeatRequest struct {
+	RepeatWrites bool `json:"repeat_writes"`
+}
+
 // retryFailed gives a conversation's failed turn another round of
 // attempts. The server resets its own queue state; the client only asks.
+// A turn that made writes is retried only when the body says
+// {"repeat_writes": true}.
 func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
 		return
 	}
+	var req repeatRequest
+	if !decodeJSON(w, r, 4096, true, &req) {
+		return
+	}
 	var res schema.RetryResult
 	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 		var err error
-		res, err = schema.RetryFailedTx(r.Context(), tx, userFrom(r.Context()).ID, cid, s.cfg.Quotas.MaxRetriesPerHour)
+		res, err = schema.RetryFailedTx(r.Context(), tx, schema.Retry{OwnerID: userFrom(r.Context()).ID, ConversationID: cid,
+			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour, RepeatWrites: req.RepeatWrites})
 		if err != nil || len(res.OutboxIDs) == 0 {
 			return err
 		}
@@ -219,11 +249,25 @@ func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 		// within the duplicate window is not swallowed.
 		return schema.AnnounceTx(r.Context(), tx, batonnats.ReasonUserRetry, res.OutboxIDs)
 	})
-	if quotaExceeded(w, err) || s.failed(w, r, cid, err) {
+	if quotaExceeded(w, err) || turnMadeWrites(w, err) || s.failed(w, r, cid, err) {
 		return
 	}
 	if len(res.OutboxIDs) > 0 {
 		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: res.ConversationKey, OutboxIDs: res.OutboxIDs}, "")
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"retried": len(res.OutboxIDs)})
+}
+
+// turnMadeWrites answers 409 turn_made_writes, naming the writes, when err
+// says that the turn to answer again made writes; it reports whether it
+// did.
+func turnMadeWrites(w http.ResponseWriter, err error) bool {
+	var we *schema.WritesError
+	if !errors.As(err, &we) {
+		return false
+	}
+	writeError(w, http.StatusConflict, "turn_made_writes",
+		fmt.Sprintf("the turn made writes (%s): answering it again would run them again; send {\"repeat_writes\": true} to do that",
+			strings.Join(we.Tools, ", ")))
+	return true
 }

@@ -47,7 +47,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := schema.ValidateID("message", *req.ID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
+		return
+	}
+	if terr := checkText("content", *req.Content); terr != nil {
+		writeTextError(w, terr)
 		return
 	}
 	user := userFrom(r.Context())
@@ -73,6 +77,12 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, schema.ErrContentTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large", err.Error())
+		return
+	case errors.Is(err, schema.ErrReservedID):
+		writeError(w, http.StatusBadRequest, "reserved_id", err.Error())
+		return
+	case errors.Is(err, schema.ErrBadText):
+		writeError(w, http.StatusBadRequest, "bad_text", err.Error())
 		return
 	case errors.Is(err, schema.ErrInvalid):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
@@ -130,9 +140,8 @@ func (s *Server) turnRunning(w http.ResponseWriter, err error) bool {
 }
 
 // listMessages returns a page of a conversation's messages, oldest first:
-// ?after=<seq> continues after the message with that seq (the last one of
-// the previous page, which "next_after" gives), ?limit=<n> sets the page
-// size.
+// ?after=<cursor> continues after the previous page (its "next_after", an
+// opaque cursor of the conversation's), ?limit=<n> sets the page size.
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
@@ -148,24 +157,17 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	var after int64
-	if v := q.Get("after"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, "bad_cursor", `after must be the "seq" of a message (the "next_after" of the previous page)`)
-			return
-		}
-		after = n
+	msgs, next, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid, q.Get("after"), limit)
+	if errors.Is(err, schema.ErrBadCursor) {
+		writeError(w, http.StatusBadRequest, "bad_cursor", `after must be the "next_after" of a page of this conversation`)
+		return
 	}
-	// One more than asked tells whether another page follows.
-	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid, after, limit+1)
 	if s.failed(w, r, cid, err) {
 		return
 	}
 	body := map[string]any{}
-	if len(msgs) > limit {
-		msgs = msgs[:limit]
-		body["next_after"] = msgs[limit-1].Seq
+	if next != "" {
+		body["next_after"] = next
 	}
 	body["messages"] = msgs
 	writeJSON(w, http.StatusOK, body)

@@ -37,13 +37,17 @@ var (
 	ErrLockWait = errors.New("the conversation stayed locked by another transaction")
 )
 
-// TurnID is the logical turn of a set of outbox rows: the same rows always
-// make the same turn, whichever run or attempt claims them.
+// TurnID is the logical turn of a set of outbox rows, as it was derived
+// before a conversation's ids were salted: the same rows always make the
+// same turn, whichever run or attempt claims them. Turns whose oldest row
+// came later hash the same text with their conversation's secret salt
+// (TurnIDs, the SQL function baton_turn_id of migration 00026), so that
+// no id says how many messages the server holds.
 func TurnID(outboxIDs []int64) string { return TurnIDOf(outboxIDs, 0) }
 
-// TurnIDOf is the logical turn of a set of outbox rows at a generation:
-// a regenerated reply answers the same rows again in a turn of its own
-// (generation 0 is TurnID's).
+// TurnIDOf is the unsalted logical turn of a set of outbox rows at a
+// generation: a regenerated reply answers the same rows again in a turn
+// of its own (generation 0 is TurnID's). See TurnID.
 func TurnIDOf(outboxIDs []int64, generation int) string {
 	ids := slices.Clone(outboxIDs)
 	slices.Sort(ids)
@@ -61,8 +65,10 @@ func TurnIDOf(outboxIDs []int64, generation int) string {
 	return "turn_" + hex.EncodeToString(sum[:16])
 }
 
-// ReplyID is the ID of the assistant reply of a turn over outboxIDs at a
-// generation. It is derived from the turn's oldest row and the generation,
+// ReplyID is the unsalted ID of the assistant reply of a turn over
+// outboxIDs at a generation: the ID of a turn whose oldest row predates
+// the salt (see TurnID; TurnIDs gives the ID a claim derives). It is
+// derived from the turn's oldest row and the generation,
 // not from the whole set: a turn that a newer message supersedes is
 // answered by a turn over its rows and the newer ones, whose reply keeps
 // the same ID, so a client that streams the reply never sees its ID
@@ -85,6 +91,20 @@ func ReplyID(outboxIDs []int64, generation int) string {
 // Only the run that owns the conversation writes it (the write is fenced),
 // and it gives up once.
 func ErrorMessageID(runID string) string { return "error_" + strings.TrimPrefix(runID, "run_") }
+
+// TurnIDs returns the turn id and the reply id of a turn over outbox rows
+// of the conversation with the given key at a generation, as the claim
+// derives them: salted with the conversation's secret when the oldest row
+// is (every row inserted since migration 00026), TurnIDOf and ReplyID
+// otherwise.
+func TurnIDs(ctx context.Context, db Executor, conversationKey string, outboxIDs []int64, generation int) (turnID, replyID string, err error) {
+	err = db.QueryRow(ctx, `SELECT baton_turn_id($1, $2, $3), baton_reply_id($1, $2, $3)`, conversationKey, outboxIDs, generation).
+		Scan(&turnID, &replyID)
+	if err != nil {
+		return "", "", fmt.Errorf("derive the turn's ids: %w", err)
+	}
+	return turnID, replyID, nil
+}
 
 // ClaimParams say who claims which conversation for how long.
 type ClaimParams struct {
@@ -156,13 +176,22 @@ type Claim struct {
 	// Resume, when set, is the decided approval the turn resumes from: it
 	// claimed exactly the rows of the turn that stopped for it.
 	Resume *Resume
+	// replyID is the ID the turn's reply gets, as the claim derived it.
+	replyID string
 }
 
 // Empty reports whether nothing was claimed: no pending rows.
 func (c Claim) Empty() bool { return len(c.OutboxIDs) == 0 }
 
-// ReplyID is the ID the turn's reply gets (see ReplyID).
-func (c Claim) ReplyID() string { return ReplyID(c.OutboxIDs, c.Generation) }
+// ReplyID is the ID the turn's reply gets (see TurnIDs); finalize derives
+// the same.
+func (c Claim) ReplyID() string {
+	if c.replyID == "" && len(c.OutboxIDs) > 0 {
+		// A claim made by hand, not by ClaimTx: the unsalted derivation.
+		return ReplyID(c.OutboxIDs, c.Generation)
+	}
+	return c.replyID
+}
 
 // BusyError is ErrConversationBusy with the owner and its lease.
 type BusyError struct {
@@ -246,17 +275,19 @@ claimed AS (
 	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
 	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation, o.epoch, o.steps_turn_id),
 agg AS (
+	-- A journaled turn keeps the id its steps were journaled under,
+	-- whichever version of Baton derived it.
 	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
 		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
-		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id)
-			|| CASE WHEN max(generation) > 0 THEN '#' || max(generation) ELSE '' END, 'UTF8')), 'hex'), 32) AS turn_id,
+		coalesce(max(steps_turn_id), baton_turn_id(conversation_id, array_agg(id), max(generation))) AS turn_id,
+		baton_reply_id(conversation_id, array_agg(id), max(generation)) AS reply_id,
 		max(attempts) AS attempts, max(generation) AS generation, max(epoch) AS epoch, bool_or(steps_turn_id IS NOT NULL) AS journaled,
 		min(created_at) AS first_created_at
 	FROM claimed GROUP BY conversation_id),` + leaseRunSQL + `
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id),
 	conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false), coalesce(conv.gone, false),
 	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
-	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.reply_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	coalesce(conv.double_texting, ''), (SELECT f.max_rows FROM free f WHERE f.conversation_id = r.conversation_id AND f.run_id = r.run_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
@@ -309,7 +340,7 @@ type claimRow struct {
 	approvalID               *int64
 	ids                      []int64
 	traceParents             []string
-	turnID                   *string
+	turnID, replyID          *string
 	attempts, generation     *int
 	epoch                    *int
 	journaled                bool
@@ -369,7 +400,7 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 		var ord int64
 		var r claimRow
 		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.gone, &r.notBefore, &r.waiting, &r.approvalID,
-			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
+			&r.ids, &r.traceParents, &r.turnID, &r.replyID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
 			&r.pending, &r.policy, &r.maxRows, &r.messages, &r.history); err != nil {
 			return nil, err
 		}
@@ -399,7 +430,7 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 	if len(r.ids) == 0 {
 		return c, in, nil
 	}
-	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation, c.Epoch = r.ids, *r.turnID, *r.attempts, *r.generation, *r.epoch
+	c.OutboxIDs, c.TurnID, c.replyID, c.Attempts, c.Generation, c.Epoch = r.ids, *r.turnID, *r.replyID, *r.attempts, *r.generation, *r.epoch
 	c.Journaled = r.journaled
 	if r.ownerName != nil {
 		c.Owner = *r.ownerName
@@ -529,11 +560,20 @@ func claimTx(ctx context.Context, tx Executor, p ClaimParams, historyLimit int, 
 }
 
 // takeLeaseTx takes the conversation's lease for a resumed turn, whose
-// rows claimResumeRowsTx took, and records its run (leaseRunSQL).
+// rows claimResumeRowsTx took, and records its run (leaseRunSQL). The
+// turn keeps the id of the turn that stopped (c.TurnID); its reply gets
+// the id its rows derive.
 func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
-	c.TurnID = TurnIDOf(c.OutboxIDs, c.Generation)
-	err := tx.QueryRow(ctx, `
+	turnID, replyID, err := TurnIDs(ctx, tx, p.ConversationID, c.OutboxIDs, c.Generation)
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	if c.TurnID == "" {
+		c.TurnID = turnID
+	}
+	c.replyID = replyID
+	err = tx.QueryRow(ctx, `
 		WITH req AS (
 			SELECT $1::text AS conversation_id, $2::text AS run_id, $3::float8 AS lease_secs, $6::text AS worker, $7::integer AS session),
 		agg AS (SELECT $1::text AS conversation_id, $4::text AS turn_id, $5::bigint[] AS ids),`+leaseRunSQL+`
@@ -562,7 +602,7 @@ func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, ap
 			return false, err
 		}
 		if ok {
-			c.Resume = r
+			c.Resume, c.TurnID = r, r.TurnID
 			return true, takeLeaseTx(ctx, tx, c, p)
 		}
 		// The rows say the turn cannot resume: forget the approval.

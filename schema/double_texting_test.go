@@ -214,7 +214,7 @@ func TestAnInterruptEndsTheRunningTurnStoppedAndAnswersItsMessagesWithTheNewOne(
 	out = b.finalizeWith(t, c2, "re one two three", false)
 	require.False(t, out.Stopped, "the interrupt was for the run it named")
 
-	msgs, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "c", 0, 20)
+	msgs, _, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "c", "", 20)
 	require.NoError(t, err)
 	var partial, answer schema.Message
 	for _, m := range msgs {

@@ -13,8 +13,9 @@ type Finalize struct {
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
-	// Generation is the claim's (Claim.Generation): the reply's ID is
-	// ReplyID(OutboxIDs, Generation).
+	// Generation is the claim's (Claim.Generation): the reply's ID
+	// derives from OutboxIDs and Generation, as the claim's does (see
+	// TurnIDs).
 	Generation int
 	// Content of the assistant reply.
 	Content string
@@ -68,10 +69,13 @@ type Finalized struct {
 // add a second one: a reply that exists already is not written again, and
 // its row says so.
 const finalizeSQL = `
-WITH asked AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[], $11::text[])
-		WITH ORDINALITY AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, reasoning, ord)),
+WITH given AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[], $11::text[])
+		WITH ORDINALITY AS r(conversation_id, run_id, generation, turn_id, content, truncated, supersede_if_newer, stopped, reasoning, ord)),
 ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
+asked AS (
+	SELECT g.*, baton_reply_id(g.conversation_id, (SELECT array_agg(i.id) FROM ids i WHERE i.run_id = g.run_id), g.generation) AS message_id
+	FROM given g),
 owner AS (
 	SELECT c.id, c.run_id, c.stop_run_id, c.interrupted_run_id FROM conversations c
 	WHERE c.id = ANY($1) AND c.run_id = ANY($2) ORDER BY c.id FOR NO KEY UPDATE),
@@ -137,7 +141,7 @@ run AS (
 	RETURNING 1)
 SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),
 	coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
-	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false), coalesce(reply.requeued, false)
+	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false), coalesce(reply.requeued, false), r.message_id
 FROM req r
 LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
 LEFT JOIN held ON held.run_id = r.run_id
@@ -155,6 +159,8 @@ var finalizeNoWaitSQL = noWait(finalizeSQL, "ORDER BY c.id FOR NO KEY UPDATE)")
 type finalizeRow struct {
 	owned, ownedInSnapshot, allHeld, newer, replied, stopped, requeued bool
 	operations                                                         int64
+	// messageID is the reply's ID, derived from the turn.
+	messageID string
 }
 
 // handBack reports whether the fence held but a newer message supersedes
@@ -174,19 +180,20 @@ func (r finalizeRow) finalized(ctx context.Context, db Executor, f Finalize) (Fi
 		// ID, and that one released the rows: this run lost them.
 		return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
 	}
-	return Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Operations: r.operations, Stopped: r.stopped, Interrupted: r.requeued}, nil
+	return Finalized{MessageID: r.messageID, Operations: r.operations, Stopped: r.stopped, Interrupted: r.requeued}, nil
 }
 
 // finalizeScan runs finalizeSQL (finalizeNoWaitSQL with skipLocked) for
 // the turns fs, returning their rows in that order.
 func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bool) ([]finalizeRow, error) {
 	n := len(fs)
-	convs, runs, msgIDs, turnIDs, contents, reasoning := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	convs, runs, turnIDs, contents, reasoning := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	generations := make([]int32, n)
 	truncated, supersede, stopped := make([]bool, n), make([]bool, n), make([]bool, n)
 	var ids []int64
 	var idRuns []string
 	for i, f := range fs {
-		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i], reasoning[i] = f.ConversationID, f.RunID, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content, f.Reasoning
+		convs[i], runs[i], generations[i], turnIDs[i], contents[i], reasoning[i] = f.ConversationID, f.RunID, int32(f.Generation), f.TurnID, f.Content, f.Reasoning
 		truncated[i], supersede[i], stopped[i] = f.Truncated, f.SupersedeIfNewer, f.Stopped
 		for _, id := range f.OutboxIDs {
 			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
@@ -196,7 +203,7 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 	if skipLocked {
 		query = finalizeNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped, reasoning)
+	rows, err := db.Query(ctx, query, convs, runs, generations, turnIDs, contents, truncated, supersede, ids, idRuns, stopped, reasoning)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +212,7 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 	for rows.Next() {
 		var ord int64
 		var r finalizeRow
-		if err := rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped, &r.requeued); err != nil {
+		if err := rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped, &r.requeued, &r.messageID); err != nil {
 			return nil, err
 		}
 		if ord < 1 || ord > int64(n) {

@@ -222,6 +222,8 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 		`SELECT * FROM baton_create_conversation('alice', repeat('c', 201))`,
 		`SELECT * FROM baton_create_conversation('alice', E'c\t1')`,
 		`SELECT * FROM baton_create_conversation('alice', ' c1')`,
+		`SELECT * FROM baton_create_conversation('alice', '..')`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'reply_1', 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', '', 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', repeat('m', 201), 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', E'm\u00851', 'x')`,
@@ -243,8 +245,10 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 			"%s raised %s %q, which the reference's table of errors does not list", call, pgErr.Code, pgErr.Message)
 	}
 
+	// The producer's migrations: its functions, and what later ones added
+	// (double texting, the rules of ids).
 	var migrations strings.Builder
-	for _, name := range []string{"00015_producer.sql", "00023_double_texting.sql"} {
+	for _, name := range []string{"00015_producer.sql", "00023_double_texting.sql", "00024_id_rules.sql"} {
 		migration, err := os.ReadFile(filepath.Join("..", "..", "migrations", name))
 		require.NoError(t, err)
 		migrations.Write(migration)
@@ -254,8 +258,8 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 		require.True(t, raised[code], "the reference lists %s: raise it here too", code)
 	}
 	for _, code := range []string{schema.SQLStateBadUserID, schema.SQLStateBadConversationID, schema.SQLStateBadMessageID, schema.SQLStateEmptyContent,
-		schema.SQLStateContentTooLarge, schema.SQLStateBadTitle, schema.SQLStateBadDoubleTexting, schema.SQLStateUnknownConversation,
-		schema.SQLStateConflict, schema.SQLStateTurnRunning} {
+		schema.SQLStateContentTooLarge, schema.SQLStateBadTitle, schema.SQLStateBadDoubleTexting, schema.SQLStateReservedMessageID,
+		schema.SQLStateUnknownConversation, schema.SQLStateConflict, schema.SQLStateTurnRunning} {
 		require.Contains(t, documented, code, "the reference lists every SQLSTATE of package schema")
 	}
 }
