@@ -34,8 +34,21 @@ test-deps:
 		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
 	done
 
+# The binaries the tests run as real processes are built once for the
+# run, before it, into bin/test, and named to the tests in variables
+# (internal/testenv): cmd/baton with the race detector, without it (for
+# the tests that run dozens of processes: chaos, the deployments, the
+# tour) and with the chaosbroken tag (the worker the kill test must fail).
+# Built in the same run as the tests, they are the sources under test.
+TEST_BIN := $(abspath bin/test)
 test: test-deps
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) build -race -o $(TEST_BIN)/baton-race ./cmd/baton
+	$(GO) build -o $(TEST_BIN)/baton ./cmd/baton
+	$(GO) build -tags chaosbroken -o $(TEST_BIN)/baton-chaosbroken ./cmd/baton
+	BATON_TEST_RACE_BINARY=$(TEST_BIN)/baton-race \
+	BATON_TEST_PLAIN_BINARY=$(TEST_BIN)/baton \
+	BATON_TEST_CHAOSBROKEN_BINARY=$(TEST_BIN)/baton-chaosbroken \
+		$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # The checks CI runs before the tests, each its own step. Staticcheck is
 # pinned by the tool line in go.mod. It checks the default build and the
