@@ -240,7 +240,8 @@ func TestBrowserSendsMessageAndSeesEchoReply(t *testing.T) {
 	p := startPage(t)
 	p.newConversation("hello test")
 	p.send("hello there")
-	p.waitJS("the echo reply", hasBubble("assistant", "echo: hello there"), 20*time.Second)
+	// The stored reply: the streamed one shows while the turn still runs.
+	p.waitJS("the echo reply", hasStoredBubble("assistant", "echo: hello there"), 20*time.Second)
 	p.screenshot("reply")
 	require.Equal(t, 1, p.count(countBubbles("user", "hello there")))
 	require.False(t, p.js(`!!document.getElementById("thinking")`), "no thinking once the reply is in")
