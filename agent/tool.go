@@ -60,8 +60,8 @@ var ErrInvalidTool = errors.New("invalid tool")
 // compiled is a registered tool: its spec with a compiled schema. It is
 // the consumer.Tool the turn runner's journal calls.
 type compiled struct {
-	spec       Tool
-	schema     *jsonschema.Schema
+	spec   Tool
+	schema *jsonschema.Schema
 	// server, defSHA256 and approval are an MCP tool's: its server, the
 	// hash of its definition, and whether its calls wait for approval.
 	server    string
