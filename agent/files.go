@@ -9,6 +9,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/batonhq/baton/consumer"
 	"github.com/batonhq/baton/schema"
 )
 
@@ -139,4 +140,42 @@ func (w *window) read(ctx context.Context, f entryFile) ([]byte, error) {
 
 func dataURL(mediaType string, data []byte) string {
 	return "data:" + mediaType + ";base64," + base64.StdEncoding.EncodeToString(data)
+}
+
+// fileLink is a file of a message as an external agent gets it: a link
+// it fetches without a token (consumer.Turn.FileLink), or none when the
+// worker has no FilesURL.
+type fileLink struct {
+	file schema.File
+	url  string
+}
+
+// fileLinksOf signs the links to the files of the turn's conversation as
+// an external agent is given it, by message key.
+func fileLinksOf(ctx context.Context, t *consumer.Turn) (map[string][]fileLink, error) {
+	var out map[string][]fileLink
+	for _, ms := range [][]schema.Message{t.History, t.Messages} {
+		for _, m := range ms {
+			for _, f := range m.Files {
+				l := fileLink{file: f}
+				if t.FileLink != nil {
+					u, err := t.FileLink(ctx, m.Key, f)
+					if err != nil {
+						return nil, fmt.Errorf("agent: sign a link to a file: %w", err)
+					}
+					l.url = u
+				}
+				if out == nil {
+					out = map[string][]fileLink{}
+				}
+				out[m.Key] = append(out[m.Key], l)
+			}
+		}
+	}
+	return out, nil
+}
+
+// leftOutNote is what an agent reads of a file it got no link to.
+func leftOutNote(f schema.File) string {
+	return fmt.Sprintf("[%s: a %s file, left out: the worker has no --files-url to link it]", displayName(f), f.MediaType)
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -364,4 +365,32 @@ func TestTheSQLProducerStoresFilesThroughTheSameWritePath(t *testing.T) {
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, schema.SQLStateMediaTypeMismatch, pgErr.Code, pgErr.Message)
 	require.Equal(t, before, fileCounts(t, b.pool))
+}
+
+// TestALinkSignedWithTheDatabasesKeyWorksUntilItExpires: a link that a
+// worker signs for an external agent (schema.LoadFileLinks, the key the
+// database keeps) is one the API takes, until it expires; a link signed
+// for another owner finds nothing.
+func TestALinkSignedWithTheDatabasesKeyWorksUntilItExpires(t *testing.T) {
+	t.Parallel()
+	b := setupFiles(t, api.Config{})
+	b.createConversation(t, b.alice, "c1")
+	img := pngOf(t, 5, 5, 50)
+	r := b.do(t, b.alice, "POST", convPath("c1", "/messages"), map[string]any{"id": "m1",
+		"files": []map[string]any{{"mediaType": "image/png", "url": dataURL("image/png", img)}}})
+	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+	links, err := schema.LoadFileLinks(context.Background(), b.pool)
+	require.NoError(t, err)
+	base := b.srv.URL + "/v1/files/" + sumOf(img) + "?"
+
+	resp, body := get(t, b.client, base+links.Query(b.aliceID, sumOf(img), time.Now().Add(time.Minute)))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, img, body)
+	resp, _ = get(t, b.client, base+links.Query(b.aliceID, sumOf(img), time.Now().Add(-time.Second)))
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an expired link")
+	resp, _ = get(t, b.client, base+links.Query(b.aliceID+1, sumOf(img), time.Now().Add(time.Minute)))
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "a link of another owner")
+	other := schema.NewFileLinks([]byte("another key"))
+	resp, _ = get(t, b.client, base+other.Query(b.aliceID, sumOf(img), time.Now().Add(time.Minute)))
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a link signed with another key")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -265,6 +266,11 @@ func (c Config) WithDefaults() Config {
 
 // Validate returns a *setting.Error for the first setting that is wrong.
 func (c Config) Validate() error {
+	if c.FilesURL != "" {
+		if u, err := url.Parse(c.FilesURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return setting.Errorf("FilesURL", c.FilesURL, "must be the API's http(s) URL, such as https://baton.example")
+		}
+	}
 	switch {
 	case c.Debounce < 0 && c.Debounce != NoDebounce:
 		return setting.Errorf("Debounce", c.Debounce, "negative: give NoDebounce to claim at once")
