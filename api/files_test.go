@@ -394,3 +394,37 @@ func TestALinkSignedWithTheDatabasesKeyWorksUntilItExpires(t *testing.T) {
 	resp, _ = get(t, b.client, base+other.Query(b.aliceID, sumOf(img), time.Now().Add(time.Minute)))
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a link signed with another key")
 }
+
+// TestPruningRemovesFilesNoMessageReferences: a file that no message
+// references (left by a store outside PostgreSQL, or by a removal that
+// went around the trigger) is counted by a dry run and removed by a pass
+// of prune, its bytes given back to the quota; a referenced one stays.
+func TestPruningRemovesFilesNoMessageReferences(t *testing.T) {
+	t.Parallel()
+	b := setupFiles(t, api.Config{})
+	ctx := context.Background()
+	b.createConversation(t, b.alice, "c1")
+	kept := pngOf(t, 4, 4, 60)
+	r := b.do(t, b.alice, "POST", convPath("c1", "/messages"), map[string]any{"id": "m1",
+		"files": []map[string]any{{"mediaType": "image/png", "url": dataURL("image/png", kept)}}})
+	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+	_, err := b.pool.Exec(ctx, `INSERT INTO files (owner_id, sha256, media_type, size, data) VALUES ($1, $2, 'text/plain', 5, 'hello')`, b.aliceID, sumOf([]byte("hello")))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE file_usage SET bytes = bytes + 5 WHERE owner_id = $1`, b.aliceID)
+	require.NoError(t, err)
+
+	dry, err := schema.PruneDryRun(ctx, b.pool, schema.Retention{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), dry.Files)
+	res, err := schema.Prune(ctx, b.pool, schema.Retention{}, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Files)
+	rows, err := b.pool.Query(ctx, `SELECT sha256 FROM files`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{sumOf(kept)}, left)
+	used, err := schema.FileUsage(ctx, b.pool, b.aliceID)
+	require.NoError(t, err)
+	require.Equal(t, int64(len(kept)), used)
+}
