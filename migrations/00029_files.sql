@@ -98,7 +98,7 @@ $$;
 
 -- A message's files, checked before anything is written, against the
 -- limits (a JSON object: max_file_bytes, max_files, media_types; absent
--- keys take the defaults, schema.DefaultFileLimits). p_files holds, per
+-- keys take the defaults of schema.FileLimits). p_files holds, per
 -- file, {"filename", "media_type"} and, for a file sent before and given
 -- by reference, "sha256"; p_file_data the bytes at the same place (NULL
 -- for a reference). Errors (SQLSTATE, nothing written):
@@ -469,7 +469,7 @@ $$;
 -- files: a JSON array of {"filename", "media_type", "data"} (the bytes
 -- in base64) or {"filename", "url"} with a data URL
 -- ("data:image/png;base64,..."), as the AI SDK's file parts carry them.
--- The defaults of schema.DefaultFileLimits apply.
+-- The defaults of schema.FileLimits apply.
 -- +goose StatementBegin
 CREATE FUNCTION baton_send_message(user_id text, conversation_id text, message_id text, content text, files jsonb DEFAULT NULL,
   OUT message_key text, OUT existed boolean)

@@ -53,6 +53,7 @@ func vars() map[string]string {
 		"model_first_byte":      agent.DefaultFirstByteTimeout.String(),
 		"model_idle":            agent.DefaultIdleTimeout.String(),
 		"model_context":         fmt.Sprint(agent.DefaultContextTokens),
+		"model_media":           strings.Join(agent.DefaultModelMedia, ","),
 		"model_tool_result":     fmt.Sprint(agent.DefaultMaxToolResultBytes),
 		"max_model_calls":       fmt.Sprint(agent.DefaultMaxModelCalls),
 		"max_tool_iterations":   fmt.Sprint(consumer.DefaultMaxToolIterations),
