@@ -14,6 +14,7 @@ import (
 
 	"github.com/batonhq/baton/agent"
 	"github.com/batonhq/baton/agent/agenttest"
+	"github.com/batonhq/baton/consumer"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
 )
@@ -157,4 +158,37 @@ func TestAnExternalAgentGetsFilesAsSignedLinks(t *testing.T) {
 		}, linked.Messages[0]["content"])
 		require.Contains(t, unlinked.Messages[0]["content"], "cat.png: a image/png file, left out")
 	})
+}
+
+// TestAnA2AAgentGetsFilesAsURLParts: an A2A agent (the SDK's own server)
+// gets a user message's file as a file part by URL, the link the worker
+// signs, beside the message's text part, which it answers as usual.
+func TestAnA2AAgentGetsFilesAsURLParts(t *testing.T) {
+	t.Parallel()
+	origin := startA2AAgent(t)
+	proxy := newA2AProxy(t, origin, nil)
+	a := newA2A(t, proxy, nil)
+	turn := a2aTurn("c_files", "reply A cat.")
+	turn.Messages[0].Key = "m_key"
+	turn.Messages[0].Files = []schema.File{{SHA256: "0a", MediaType: "image/png", Filename: "cat.png", Size: 10}}
+	link := "https://baton.example/v1/files/0a?u=x&e=1&s=y"
+	turn.FileLink = func(context.Context, string, schema.File) (string, error) { return link, nil }
+	step, err := a.Step(context.Background(), consumer.StepRequest{Turn: turn, Live: &recordLive{}})
+	require.NoError(t, err)
+	require.Equal(t, "A cat.", step.Text)
+	var sent struct {
+		Message struct {
+			Parts []map[string]any `json:"parts"`
+		} `json:"message"`
+	}
+	for _, c := range proxy.calls() {
+		if c.method == "SendStreamingMessage" {
+			require.NoError(t, json.Unmarshal(c.params, &sent))
+		}
+	}
+	require.Len(t, sent.Message.Parts, 2, "%v", sent.Message.Parts)
+	require.Equal(t, link, sent.Message.Parts[0]["url"])
+	require.Equal(t, "image/png", sent.Message.Parts[0]["mediaType"])
+	require.Equal(t, "cat.png", sent.Message.Parts[0]["filename"])
+	require.Equal(t, "reply A cat.", sent.Message.Parts[1]["text"])
 }

@@ -135,6 +135,7 @@ func TestAMessageKeepsAReferenceAndItsFileIsServedByASignedLink(t *testing.T) {
 	require.Equal(t, "image/png", resp.Header.Get("Content-Type"))
 	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
 	require.Equal(t, `inline; filename="_.._etc_pass_wd__.png"`, resp.Header.Get("Content-Disposition"))
+	require.Equal(t, "default-src 'none'; sandbox", resp.Header.Get("Content-Security-Policy"))
 
 	resp, _ = get(t, b.client, strings.Replace(link, "&s=", "&s=x", 1))
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a link whose signature was changed is refused")
