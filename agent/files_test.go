@@ -192,3 +192,46 @@ func TestAnA2AAgentGetsFilesAsURLParts(t *testing.T) {
 	require.Equal(t, "cat.png", sent.Message.Parts[0]["filename"])
 	require.Equal(t, "reply A cat.", sent.Message.Parts[1]["text"])
 }
+
+// TestAnImageCountsAgainstTheRequestBudget: an image of the history is
+// sent while the budget has room for it (an image counts TokensPerImage)
+// and left out, with its message, when it has not; the turn's own image
+// is always sent.
+func TestAnImageCountsAgainstTheRequestBudget(t *testing.T) {
+	t.Parallel()
+	img := tinyPNG(t)
+	open := func(_ context.Context, _, _ string) (schema.StoredFile, error) {
+		return schema.StoredFile{MediaType: "image/png", Size: int64(len(img)), Data: img}, nil
+	}
+	withImage := func(key, text string) schema.Message {
+		return schema.Message{ID: key, Key: key, ConversationID: "conv", Role: schema.RoleUser, Content: text, Seq: 1,
+			Files: []schema.File{{SHA256: key, MediaType: "image/png", Filename: key + ".png", Size: int64(len(img))}}}
+	}
+	images := func(budget int) (history, turn int) {
+		model := agenttest.NewServer(t, agenttest.Response{Content: "ok"})
+		a := newAgent(t, model, func(c *agent.Config) { c.ContextTokens = budget })
+		tr := turnOf("and this one?", withImage("h1", "look"), schema.Message{ID: "h2", Role: schema.RoleAssistant, Content: "A square.", Seq: 2})
+		tr.Messages[0] = withImage("m1", "and this one?")
+		tr.Messages[0].Seq = 3
+		tr.OpenFile = open
+		_, err := run(context.Background(), a, tr, newExecutor(agent.NewRegistry()))
+		require.NoError(t, err)
+		msgs := model.Requests()[0].Messages
+		for i, m := range msgs {
+			for _, p := range contentParts(t, m) {
+				if p["type"] == "image_url" {
+					if i == len(msgs)-1 {
+						turn++
+					} else {
+						history++
+					}
+				}
+			}
+		}
+		return history, turn
+	}
+	h, tu := images(32000)
+	require.Equal(t, [2]int{1, 1}, [2]int{h, tu}, "room for both images")
+	h, tu = images(2200)
+	require.Equal(t, [2]int{0, 1}, [2]int{h, tu}, "the history's image does not fit what the turn's leaves of 2,200 tokens")
+}
