@@ -130,7 +130,7 @@ dev: deps build
 BENCH_REPORT ?= bin/bench-report.jsonl
 # The names are anchored: ./agent/ also holds BenchmarkTurnsOfAGrowingConversation,
 # an in-process benchmark that `make bench` leaves out.
-BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep)$$'
+BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep|BenchmarkAttachments)$$'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \

@@ -207,8 +207,24 @@ func (s *a2aStep) exchange(ctx context.Context) error {
 		s.answering = true
 		msg.TaskID, msg.Parts = a2a.TaskID(task), []*a2a.Part{a2a.NewTextPart(text)}
 	} else {
+		files, err := fileLinksOf(ctx, s.req.Turn)
+		if err != nil {
+			return err
+		}
 		for _, m := range s.req.Turn.Messages {
-			msg.Parts = append(msg.Parts, a2a.NewTextPart(m.Content))
+			text := m.Content
+			for _, f := range files[m.Key] {
+				if f.url == "" {
+					text += "\n\n" + leftOutNote(f.file)
+					continue
+				}
+				p := a2a.NewFileURLPart(a2a.URL(f.url), f.file.MediaType)
+				p.Filename = f.file.Filename
+				msg.Parts = append(msg.Parts, p)
+			}
+			if text != "" {
+				msg.Parts = append(msg.Parts, a2a.NewTextPart(text))
+			}
 		}
 	}
 	s.log.Debug().Int("request", s.requests).Int("parts", len(msg.Parts)).Msg("agent step message")

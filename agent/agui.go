@@ -37,10 +37,20 @@ type aguiResume struct {
 type aguiMessage struct {
 	ID         string         `json:"id"`
 	Role       string         `json:"role"`
-	Content    *string        `json:"content,omitempty"`
+	Content    any            `json:"content,omitempty"`
 	ToolCalls  []aguiToolCall `json:"toolCalls,omitempty"`
 	ToolCallID string         `json:"toolCallId,omitempty"`
 	Error      string         `json:"error,omitempty"`
+}
+
+// aguiInputContent is a part of a user message's content: text, or a
+// file by its URL.
+type aguiInputContent struct {
+	Type     string `json:"type"`
+	Text     string `json:"text,omitempty"`
+	MimeType string `json:"mimeType,omitempty"`
+	URL      string `json:"url,omitempty"`
+	Filename string `json:"filename,omitempty"`
 }
 
 type aguiToolCall struct {
@@ -123,7 +133,26 @@ func (agui) body(in stepInput) any {
 	}
 	for i, m := range conversationOf(req.Turn) {
 		content := m.Content
-		body.Messages = append(body.Messages, aguiMessage{ID: messageID(m, i), Role: m.Role, Content: &content})
+		msg := aguiMessage{ID: messageID(m, i), Role: m.Role, Content: &content}
+		if files := in.files[m.Key]; len(files) > 0 {
+			// A user message with files: AG-UI's content parts, a
+			// binary part with the link to each file.
+			var parts []aguiInputContent
+			for _, f := range files {
+				if f.url == "" {
+					content += "\n\n" + leftOutNote(f.file)
+					continue
+				}
+				parts = append(parts, aguiInputContent{Type: "binary", MimeType: f.file.MediaType, URL: f.url, Filename: f.file.Filename})
+			}
+			if len(parts) > 0 {
+				if content != "" {
+					parts = append([]aguiInputContent{{Type: "text", Text: content}}, parts...)
+				}
+				msg.Content = parts
+			}
+		}
+		body.Messages = append(body.Messages, msg)
 	}
 	for i, s := range req.Steps {
 		msg := aguiMessage{ID: stepMessageID(req.Turn.TurnID, i), Role: "assistant"}

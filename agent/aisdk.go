@@ -35,6 +35,14 @@ type uiTextPart struct {
 	Text string `json:"text"`
 }
 
+// uiFilePart is a file of a user message: a signed link to it.
+type uiFilePart struct {
+	Type      string `json:"type"`
+	MediaType string `json:"mediaType"`
+	Filename  string `json:"filename,omitempty"`
+	URL       string `json:"url"`
+}
+
 type uiStepStart struct {
 	Type string `json:"type"`
 }
@@ -72,7 +80,19 @@ func (aisdk) body(in stepInput) any {
 	props.RunID = in.key
 	body := uiRequest{ID: in.thread, Messages: []uiMessage{}, Trigger: "submit-message", Tools: []uiTool{}, Baton: props}
 	for i, m := range conversationOf(req.Turn) {
-		body.Messages = append(body.Messages, uiMessage{ID: messageID(m, i), Role: m.Role, Parts: []any{uiTextPart{Type: "text", Text: m.Content}}})
+		msg := uiMessage{ID: messageID(m, i), Role: m.Role}
+		text := m.Content
+		for _, f := range in.files[m.Key] {
+			if f.url == "" {
+				text += "\n\n" + leftOutNote(f.file)
+				continue
+			}
+			msg.Parts = append(msg.Parts, uiFilePart{Type: "file", MediaType: f.file.MediaType, Filename: f.file.Filename, URL: f.url})
+		}
+		if text != "" || len(msg.Parts) == 0 {
+			msg.Parts = append(msg.Parts, uiTextPart{Type: "text", Text: text})
+		}
+		body.Messages = append(body.Messages, msg)
 	}
 	if len(req.Steps) > 0 {
 		// The turn's earlier steps are one assistant message, a step

@@ -43,6 +43,13 @@ type Config struct {
 	// Model is the model name the server knows (BATON_MODEL, --model).
 	// Required.
 	Model string
+	// ModelMedia are the media types of files the model server takes as
+	// content parts (BATON_MODEL_MEDIA, --model-media): an image as
+	// image_url, anything else as file, with the bytes in a data URL.
+	// "image/*" takes every image type. A text file of a type not listed
+	// is sent as text; any other file fails the turn with a visible error.
+	// Defaults to DefaultModelMedia (images).
+	ModelMedia []string
 	// SystemPrompt, when set, is the first message of every request.
 	// Defaults to none.
 	SystemPrompt string
@@ -124,6 +131,9 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.BaseURL == "" {
 		c.BaseURL = DefaultBaseURL
+	}
+	if len(c.ModelMedia) == 0 {
+		c.ModelMedia = DefaultModelMedia
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout

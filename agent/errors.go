@@ -68,6 +68,9 @@ var (
 	// ErrContextBudget: the turn does not fit ContextTokens even with its
 	// tool results left out and its messages cut.
 	ErrContextBudget = errors.New("turn does not fit the context budget")
+	// ErrUnsupportedFile: a message of the turn has a file of a media type
+	// the model server takes not (Config.ModelMedia), and not text.
+	ErrUnsupportedFile = errors.New("the model server takes no file of this media type")
 )
 
 // Sentinel errors of an external agent (External), classified the same
@@ -166,6 +169,7 @@ var reasons = []struct {
 	{ErrModelTimeout, "model_timeout"},
 	{ErrBudgetExceeded, "budget_exceeded"},
 	{ErrContextBudget, "context_budget"},
+	{ErrUnsupportedFile, "unsupported_file"},
 	{ErrAgentRefused, "agent_refused"},
 	{ErrAgentAuth, "agent_auth"},
 	{ErrAgentNotFound, "agent_not_found"},

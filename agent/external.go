@@ -132,7 +132,11 @@ func (x *External) threadID(conversation string) string {
 func (x *External) Step(ctx context.Context, req consumer.StepRequest) (consumer.Step, error) {
 	turn := req.Turn
 	key := req.Key()
-	body, err := json.Marshal(x.codec.body(stepInput{req: req, thread: x.threadID(turn.ConversationID), key: key}))
+	files, err := fileLinksOf(ctx, turn)
+	if err != nil {
+		return consumer.Step{}, err
+	}
+	body, err := json.Marshal(x.codec.body(stepInput{req: req, thread: x.threadID(turn.ConversationID), key: key, files: files}))
 	if err != nil {
 		return consumer.Step{}, fmt.Errorf("agent: encode the step request: %w", err)
 	}

@@ -36,6 +36,8 @@ type stepInput struct {
 	req    consumer.StepRequest
 	thread string
 	key    string
+	// files are the links to the messages' files, by message key.
+	files map[string][]fileLink
 }
 
 // runFailure is a failure the agent reported in its stream (AG-UI

@@ -43,6 +43,8 @@ type entry struct {
 	calls   []toolCall // an assistant's tool calls
 	callID  string     // a tool result's call
 	tokens  int
+	// files are a user message's files, sent as content parts.
+	files []entryFile
 }
 
 func newEntry(role, content string, calls []toolCall, callID string) entry {
@@ -54,8 +56,15 @@ func newEntry(role, content string, calls []toolCall, callID string) entry {
 	return e
 }
 
-// with returns the entry with other content.
-func (e entry) with(content string) entry { return newEntry(e.role, content, e.calls, e.callID) }
+// with returns the entry with other content, and its files.
+func (e entry) with(content string) entry {
+	n := newEntry(e.role, content, e.calls, e.callID)
+	n.files = e.files
+	for _, f := range e.files {
+		n.tokens += f.tokens
+	}
+	return n
+}
 
 func (e entry) param() openai.ChatCompletionMessageParamUnion {
 	switch e.role {
@@ -117,6 +126,16 @@ type window struct {
 	complete bool
 	// loaded counts the messages read through MoreHistory.
 	loaded int
+
+	// media are the media types the model server takes as content parts
+	// (Config.ModelMedia); open reads a file's bytes (Turn.OpenFile).
+	media []string
+	open  func(ctx context.Context, messageKey, sum string) (schema.StoredFile, error)
+	// refused is the turn's file that the model server takes not: the
+	// turn fails with it, visibly.
+	refused error
+	// bytes are the files read, by sha256, once per turn.
+	bytes map[string][]byte
 }
 
 // request is what one request sends, with figures for the log.
@@ -135,8 +154,13 @@ func newWindow(cfg Config, turn consumer.Turn, tools []openai.ChatCompletionTool
 		w.system = &e
 	}
 	w.tools = toolTokens(tools)
+	w.media, w.open = cfg.ModelMedia, turn.OpenFile
 	for _, m := range turn.Messages {
-		w.turn = append(w.turn, newEntry("user", m.Content, nil, ""))
+		e, err := userEntry(m, w.media)
+		if err != nil && w.refused == nil {
+			w.refused = err
+		}
+		w.turn = append(w.turn, e)
 	}
 	w.addHistory(turn.History)
 	switch {
@@ -163,7 +187,10 @@ func toolTokens(tools []openai.ChatCompletionToolUnionParam) int {
 func (w *window) addHistory(msgs []schema.Message) {
 	for i := len(msgs) - 1; i >= 0; i-- {
 		switch m := msgs[i]; m.Role {
-		case schema.RoleUser, schema.RoleAssistant:
+		case schema.RoleUser:
+			e, _ := userEntry(m, w.media)
+			w.history = append(w.history, e)
+		case schema.RoleAssistant:
 			w.history = append(w.history, newEntry(m.Role, m.Content, nil, ""))
 		}
 	}
@@ -180,6 +207,9 @@ func (w *window) addRound(content string, calls []toolCall, results []string) {
 
 // next returns the messages of the turn's next request.
 func (w *window) next(ctx context.Context) (request, error) {
+	if w.refused != nil {
+		return request{}, w.refused
+	}
 	fixed := TokensPerRequest + w.tools
 	if w.system != nil {
 		fixed += w.system.tokens
@@ -213,11 +243,19 @@ func (w *window) next(ctx context.Context) (request, error) {
 		msgs = append(msgs, openai.SystemMessage(w.system.content))
 	}
 	for i := len(history) - 1; i >= 0; i-- {
-		msgs = append(msgs, history[i].param())
+		p, err := w.param(ctx, history[i])
+		if err != nil {
+			return request{}, err
+		}
+		msgs = append(msgs, p)
 		req.tokens += history[i].tokens
 	}
 	for _, e := range turn {
-		msgs = append(msgs, e.param())
+		p, err := w.param(ctx, e)
+		if err != nil {
+			return request{}, err
+		}
+		msgs = append(msgs, p)
 	}
 	for _, r := range rounds {
 		msgs = append(msgs, r.assistant.param())
@@ -403,7 +441,10 @@ func (w *window) load(ctx context.Context, room int) error {
 	w.oldestSeq = oldest
 	for _, m := range msgs {
 		switch m.Role {
-		case schema.RoleUser, schema.RoleAssistant:
+		case schema.RoleUser:
+			e, _ := userEntry(m, w.media)
+			w.history = append(w.history, e)
+		case schema.RoleAssistant:
 			w.history = append(w.history, newEntry(m.Role, m.Content, nil, ""))
 		}
 	}

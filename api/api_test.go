@@ -42,7 +42,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b, _, err := schema.CreateToken(ctx, db.Pool, "bob")
 	require.NoError(t, err)
-	s, err := api.New(api.Config{MaxContentBytes: 1024}, db.Pool, nil)
+	s, err := api.New(api.Config{MaxContentBytes: 1024, MaxFileBytes: 1024, MaxFilesPerMessage: 1}, db.Pool, nil)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)

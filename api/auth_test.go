@@ -31,8 +31,10 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 	)
 	r := b.do(t, b.alice, "POST", "/v1/conversations", map[string]any{"id": cid, "title": title})
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
-	r = b.do(t, b.alice, "POST", convPath(cid, "/messages"), map[string]any{"id": msgID, "content": content})
+	r = b.do(t, b.alice, "POST", convPath(cid, "/messages"), map[string]any{"id": msgID, "content": content,
+		"files": []map[string]any{{"mediaType": "text/plain", "url": "data:text/plain;base64,YWxpY2Utc2VjcmV0LWZpbGUK"}}})
 	require.Equal(t, http.StatusAccepted, r.Status, r.Raw)
+	aliceFile := r.Body["files"].([]any)[0].(map[string]any)["sha256"].(string)
 	// A failed turn, so that a retry would have something to change.
 	_, err := b.pool.Exec(ctx, `UPDATE agent_outbox SET status = 'error', attempts = 3`)
 	require.NoError(t, err)
@@ -69,6 +71,8 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 		{"POST", "/v1/chat", `{"id":"new-chat","messages":[{"id":"new-message","role":"user","parts":[{"type":"text","text":"new"}]}]}`, false},
 		{"GET", "/v1/chat/" + cid, "", true},
 		{"GET", "/v1/chat/" + cid + "/stream", "", true},
+		// A file: another user's token finds nothing at its address.
+		{"GET", "/v1/files/" + aliceFile, "", true},
 	}
 	type credential struct {
 		name          string
@@ -86,7 +90,7 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 	}
 
 	// Secrets no answer may contain: Alice's data and tokens.
-	secrets := []string{title, content, msgID, b.alice, revoked, expired, `"alice"`}
+	secrets := []string{title, content, msgID, b.alice, revoked, expired, `"alice"`, "alice-secret-file"}
 	check := func(t *testing.T, method, path, body, authorization string, want int) string {
 		t.Helper()
 		before := counts(t, b.pool)

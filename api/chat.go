@@ -30,7 +30,9 @@ import (
 // streams the reply that answers it.
 func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	user := userFrom(r.Context())
-	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxChatBodyBytes))
+	// The body's limit follows the files' limits: room for one message's
+	// files at their limits beside the history's.
+	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxChatBodyBytes)+s.cfg.fileRoom())
 	req, err := readChatRequest(newTextReader(r.Body), s.cfg.MaxChatMessages)
 	if err != nil {
 		s.refuseChatBody(w, r, err)
@@ -43,7 +45,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.answerApprovals(w, r, req)
 		return
 	}
-	messageID, content, err := req.newMessage(s.cfg.MaxContentBytes)
+	messageID, content, files, err := req.newMessage(s.cfg.MaxContentBytes)
 	if err != nil {
 		s.refuseChatBody(w, r, err)
 		return
@@ -67,7 +69,11 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	// listens before the write: every event of the turn that answers it
 	// then reaches the stream, and only a message stored before needs the
 	// database's word on where its turn stands.
-	c, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
+	title := content
+	if strings.TrimSpace(title) == "" && len(files) > 0 {
+		title = files[0].Filename
+	}
+	c, created, err := s.chatKey(ctx, user.ID, req.ChatID, title, req.Trigger == triggerSubmit)
 	if err != nil {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
@@ -79,7 +85,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	if req.Trigger == triggerRegenerate {
 		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID, req.RepeatWrites)
 	} else {
-		row, existed, err = s.submit(ctx, user.ID, req.ChatID, messageID, content)
+		row, existed, err = s.submit(ctx, user.ID, req.ChatID, messageID, content, files)
 	}
 	if err != nil {
 		if created {
@@ -148,13 +154,14 @@ func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content strin
 // submit stores the new message in the user's chat and returns its outbox
 // row. A message stored before (the same POST again) is not stored twice:
 // existed is set, and its turn is followed.
-func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string) (row int64, existed bool, err error) {
+func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string, files []schema.FileIn) (row int64, existed bool, err error) {
 	var res schema.InsertResult
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = schema.InsertMessageTx(ctx, tx, schema.UserMessage{
 			OwnerID: owner, ConversationID: chatID, MessageID: messageID, Content: content,
 			TraceParent: telemetry.TraceParent(ctx),
+			Files:       files, FileLimits: s.cfg.fileLimits(),
 		})
 		return err
 	})
@@ -352,6 +359,7 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 	var bte *bodyTimeoutError
 	var te *textError
 	switch {
+	case fileRefused(w, err):
 	case errors.As(err, &ce):
 		writeError(w, ce.status, ce.code, ce.message)
 	case errors.As(err, &te):
@@ -368,7 +376,7 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 // refuseChat answers a chat request that its write refused.
 func (s *Server) refuseChat(w http.ResponseWriter, r *http.Request, chatID string, err error) {
 	switch {
-	case quotaExceeded(w, err), turnMadeWrites(w, err):
+	case quotaExceeded(w, err), turnMadeWrites(w, err), fileRefused(w, err):
 	case errors.Is(err, schema.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" with that message for this user")
 	case errors.Is(err, schema.ErrConflict):

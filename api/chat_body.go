@@ -61,6 +61,10 @@ type uiPartIn struct {
 		ID       string `json:"id"`
 		Approved *bool  `json:"approved"`
 	} `json:"approval"`
+	// A file part's.
+	MediaType string `json:"mediaType"`
+	Filename  string `json:"filename"`
+	URL       string `json:"url"`
 }
 
 // isTool reports whether p is a tool call: "dynamic-tool" or "tool-<name>".
@@ -143,23 +147,45 @@ func readMessages(dec *json.Decoder, maxMessages int, req *chatRequest) error {
 	if d, ok := tok.(json.Delim); !ok || d != '[' {
 		return badChat(`"messages" must be an array of messages`)
 	}
+	var last *uiMessageRaw
 	for dec.More() {
 		req.Count++
 		if req.Count > maxMessages {
 			return &chatBodyError{status: http.StatusRequestEntityTooLarge, code: "too_many_messages",
 				message: fmt.Sprintf(`"messages" holds more than %d messages, the most read: send fewer (the server keeps the history; only the last message is new)`, maxMessages)}
 		}
-		var m uiMessageIn
+		// Only the last message's parts are decoded: the earlier ones,
+		// which useChat sends again with every request (files and all),
+		// are only read past.
+		var m uiMessageRaw
 		if err := dec.Decode(&m); err != nil {
 			if readErr := bodyProblem(err); readErr != nil {
 				return readErr
 			}
 			return badChat("message %d of \"messages\" is not a message: %s", req.Count, jsonErrorMessage(err))
 		}
-		req.Last = &m
+		last = &m
 	}
-	_, err = dec.Token() // ']'
-	return jsonProblem(err)
+	if _, err = dec.Token(); err != nil { // ']'
+		return jsonProblem(err)
+	}
+	if last == nil {
+		return nil
+	}
+	req.Last = &uiMessageIn{ID: last.ID, Role: last.Role}
+	if len(last.Parts) > 0 && string(last.Parts) != "null" {
+		if err := json.Unmarshal(last.Parts, &req.Last.Parts); err != nil {
+			return badChat("the parts of the last message are not parts: %s", jsonErrorMessage(err))
+		}
+	}
+	return nil
+}
+
+// uiMessageRaw is a message of the list with its parts undecoded.
+type uiMessageRaw struct {
+	ID    string          `json:"id"`
+	Role  string          `json:"role"`
+	Parts json.RawMessage `json:"parts"`
 }
 
 func decodeString(dec *json.Decoder, field string, into *string) error {
@@ -251,36 +277,46 @@ func bodyProblem(err error) error {
 	return nil
 }
 
-// newMessage returns the id and the content of the request's new message,
-// the last of the list: the user's, of text parts only.
-func (req chatRequest) newMessage(maxContent int) (id, content string, err error) {
+// newMessage returns the id, the content and the files of the request's
+// new message, the last of the list: the user's, of text and file parts.
+func (req chatRequest) newMessage(maxContent int) (id, content string, files []schema.FileIn, err error) {
 	m := req.Last
 	if m == nil {
-		return "", "", badChat(`"messages" is missing or empty: send the chat's messages, the new one last`)
+		return "", "", nil, badChat(`"messages" is missing or empty: send the chat's messages, the new one last`)
 	}
 	if m.Role != "user" {
-		return "", "", badChat("the last message is the %s's: the last message must be the user's new message", m.Role)
+		return "", "", nil, badChat("the last message is the %s's: the last message must be the user's new message", m.Role)
 	}
 	var texts []string
+	var parts []fileIn
 	for _, p := range m.Parts {
-		if p.Type != "text" || p.Text == nil {
-			return "", "", &chatBodyError{status: http.StatusUnprocessableEntity, code: "unsupported_part",
-				message: fmt.Sprintf("the new message has a part of type %q: only text parts are taken for now", p.Type)}
+		switch {
+		case p.Type == "text" && p.Text != nil:
+			texts = append(texts, *p.Text)
+		case p.Type == "file":
+			parts = append(parts, fileIn{Type: p.Type, MediaType: p.MediaType, Filename: p.Filename, URL: p.URL})
+		default:
+			return "", "", nil, &chatBodyError{status: http.StatusUnprocessableEntity, code: "unsupported_part",
+				message: fmt.Sprintf("the new message has a part of type %q: only text and file parts are taken", p.Type)}
 		}
-		texts = append(texts, *p.Text)
 	}
 	content = strings.Join(texts, "\n\n")
 	switch {
-	case strings.TrimSpace(content) == "":
-		return "", "", badChat("the new message has no text")
+	case strings.TrimSpace(content) == "" && len(parts) == 0:
+		return "", "", nil, badChat("the new message has no text and no file")
 	case len(content) > maxContent:
-		return "", "", &chatBodyError{status: http.StatusRequestEntityTooLarge, code: "content_too_large",
+		return "", "", nil, &chatBodyError{status: http.StatusRequestEntityTooLarge, code: "content_too_large",
 			message: fmt.Sprintf("the new message is %d bytes; the limit is %d bytes", len(content), maxContent)}
 	}
-	if terr := checkText("the new message's text", content); terr != nil {
-		return "", "", terr
+	if content != "" {
+		if terr := checkText("the new message's text", content); terr != nil {
+			return "", "", nil, terr
+		}
 	}
-	return m.ID, content, nil
+	if files, err = decodeFiles(parts); err != nil {
+		return "", "", nil, err
+	}
+	return m.ID, content, files, nil
 }
 
 // approvalResponse is the user's answer to an approval, as useChat sends

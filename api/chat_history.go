@@ -32,6 +32,10 @@ type uiPart struct {
 	Output     *string         `json:"output,omitempty"`
 	ErrorText  string          `json:"errorText,omitempty"`
 	Approval   *uiApproval     `json:"approval,omitempty"`
+	// A file part's: its media type, name and a signed link to it.
+	MediaType string `json:"mediaType,omitempty"`
+	Filename  string `json:"filename,omitempty"`
+	URL       string `json:"url,omitempty"`
 }
 
 // uiApproval is a tool part's approval: the call waited for the user, who
@@ -49,7 +53,13 @@ func toUIMessage(m schema.ChatMessage) uiMessage {
 	out := uiMessage{ID: m.ID, Role: "assistant", Metadata: metadataOf(m)}
 	if m.Role == schema.RoleUser {
 		out.Role = "user"
-		out.Parts = []uiPart{{Type: "text", Text: m.Content}}
+		// useChat's own message puts the files before the text.
+		for _, f := range m.Files {
+			out.Parts = append(out.Parts, uiPart{Type: "file", MediaType: f.MediaType, Filename: f.Filename, URL: f.URL})
+		}
+		if m.Content != "" || len(m.Files) == 0 {
+			out.Parts = append(out.Parts, uiPart{Type: "text", Text: m.Content})
+		}
 		return out
 	}
 	out.Parts = append(out.Parts, uiPart{Type: "step-start"})
@@ -122,6 +132,10 @@ func (s *Server) chatHistory(w http.ResponseWriter, r *http.Request) {
 	body := map[string]any{}
 	out := make([]uiMessage, len(msgs))
 	for i, m := range msgs {
+		if err := s.signFiles(r, m.Files); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
 		out[i] = toUIMessage(m)
 	}
 	body["messages"] = out

@@ -148,7 +148,8 @@ func startChatStack(t *testing.T) *chatStack {
 	require.NoError(t, err)
 	serve := func() *httptest.Server {
 		srv, err := api.New(api.Config{MaxStreamsPerUser: 64,
-			MessagesPerMinute: 100000, MessageBurst: 10000, MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MaxChatMessages: 50}, db.Pool, js)
+			MessagesPerMinute: 100000, MessageBurst: 10000, MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MaxChatMessages: 50,
+			MaxFileBytes: 1024, MaxFilesPerMessage: 1}, db.Pool, js)
 		require.NoError(t, err)
 		hs := httptest.NewServer(srv)
 		t.Cleanup(hs.Close)
@@ -367,7 +368,8 @@ func TestTheChatAdapter(t *testing.T) {
 			{"no id", map[string]any{"messages": []any{}}, http.StatusBadRequest, "chat id is empty"},
 			{"no messages", map[string]any{"id": "bad"}, http.StatusBadRequest, "messages"},
 			{"last message the assistant's", map[string]any{"id": "bad", "messages": []any{map[string]any{"id": "a", "role": "assistant", "parts": []any{}}}}, http.StatusBadRequest, "user's new message"},
-			{"a file part", map[string]any{"id": "bad", "messages": []any{map[string]any{"id": "a", "role": "user", "parts": []any{map[string]any{"type": "file", "url": "data:,x"}}}}}, http.StatusUnprocessableEntity, "only text parts"},
+			{"a file part", map[string]any{"id": "bad", "messages": []any{map[string]any{"id": "a", "role": "user", "parts": []any{map[string]any{"type": "file", "url": "data:,x"}}}}}, http.StatusUnprocessableEntity, "base64"},
+			{"a part of another type", map[string]any{"id": "bad", "messages": []any{map[string]any{"id": "a", "role": "user", "parts": []any{map[string]any{"type": "source-url", "url": "https://x"}}}}}, http.StatusUnprocessableEntity, "only text and file parts"},
 			{"no text", chatBody("bad", "a", "  "), http.StatusBadRequest, "no text"},
 			{"text over the limit", chatBody("bad", "a", strings.Repeat("x", 1025)), http.StatusRequestEntityTooLarge, "limit is 1024"},
 			{"body over the limit", chatBody("bad", "a", "x", map[string]any{"padding": strings.Repeat("x", 70<<10)}), http.StatusRequestEntityTooLarge, "over"},

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,14 +37,14 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty 
 		writeTextError(w, terr)
 		return false
 	}
-	if len(strings.TrimSpace(string(body))) == 0 {
+	if len(bytes.TrimSpace(body)) == 0 {
 		if allowEmpty {
 			return true
 		}
 		writeError(w, http.StatusBadRequest, "bad_json", "the request body is empty: send a JSON object")
 		return false
 	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		writeError(w, http.StatusBadRequest, "bad_json", jsonErrorMessage(err))

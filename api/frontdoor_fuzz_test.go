@@ -80,6 +80,14 @@ func FuzzPostMessageBody(f *testing.F) {
 	}
 	f.Add(`{"id":"m1","content":"` + strings.Repeat("x", 20<<10) + `"}`)
 	f.Add(`{"id":"m1","content":"hi","status":"done"}`)
+	for _, files := range []string{
+		`[{"mediaType":"image/png","filename":"a.png","url":"data:image/png;base64,iVBORw0KGgo="}]`,
+		`[{"url":"https://example.com/x.png"}]`, `[{"url":"data:text/plain;base64,AA=="}]`, `[{"url":"data:,x"}]`,
+		`[{"url":"data:image/png;base64,%%%"}]`, `"nope"`, `[{"type":"image","url":"data:text/plain;base64,eA=="}]`,
+		`[{"url":"/v1/files/` + strings.Repeat("0", 64) + `"}]`, `[{"media_type":"image/png","url":"data:text/plain;base64,eA=="}]`,
+	} {
+		f.Add(`{"id":"m-file","content":"x","files":` + files + `}`)
+	}
 	f.Fuzz(func(t *testing.T, body string) { d.try(t, "POST", "/v1/conversations/c1/messages", body) })
 }
 
@@ -104,6 +112,9 @@ func FuzzChatBody(f *testing.F) {
 	f.Add(chatRaw("c1", "m1", strings.Repeat("x", 70<<10)))
 	f.Add(`{"id":"c1","trigger":"regenerate-message","messageId":"reply_1","repeat_writes":"yes","messages":[]}`)
 	f.Add(`{"id":"c1","messages":[{"id":"h","role":"user","parts":[{"type":"text","text":"x"}]},`)
+	f.Add(`{"id":"c1","messages":[{"id":"m1","role":"user","parts":[{"type":"file","mediaType":"image/png","url":"data:image/png;base64,iVBORw0KGgo="},{"type":"text","text":"x"}]}]}`)
+	f.Add(`{"id":"c1","messages":[{"id":"m1","role":"user","parts":[{"type":"file","mediaType":"image/png","url":"https://example.com/x.png"}]}]}`)
+	f.Add(`{"id":"c1","messages":[{"id":"m1","role":"user","parts":[{"type":"file","url":"data:text/plain;base64,AA=="}]}]}`)
 	f.Fuzz(func(t *testing.T, body string) { d.try(t, "POST", "/v1/chat", body) })
 }
 
@@ -150,6 +161,8 @@ func FuzzPathIDs(f *testing.F) {
 				{"GET", "/v1/chat/" + seg + "?before=" + url.QueryEscape(id), ""},
 				{"GET", "/v1/chat/" + seg + "/stream", ""},
 				{"DELETE", "/v1/conversations/" + seg + "x", ""},
+				{"GET", "/v1/files/" + seg, ""},
+				{"GET", "/v1/files/" + strings.Repeat("0", 64) + "?u=" + url.QueryEscape(id) + "&e=" + url.QueryEscape(id) + "&s=" + url.QueryEscape(id), ""},
 			} {
 				d.try(t, r.method, r.path, r.body)
 			}

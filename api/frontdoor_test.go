@@ -20,12 +20,14 @@ import (
 )
 
 // setupLogged is setup with the server's log kept, and chat bodies
-// limited to 64 KiB.
+// limited to 64 KiB (and one file of 1 KiB a message, whose room the
+// bodies' limits add).
 func setupLogged(t testing.TB) (*bundle, *lockedBuffer) {
 	t.Helper()
 	var logs lockedBuffer
 	log := zerolog.New(&logs)
-	b := setupEdge(t, api.Config{MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MessagesPerMinute: 100000, MessageBurst: 10000, Logger: &log}, nil)
+	b := setupEdge(t, api.Config{MaxContentBytes: 1024, MaxChatBodyBytes: 64 << 10, MessagesPerMinute: 100000, MessageBurst: 10000, Logger: &log,
+		MaxFileBytes: 1024, MaxFilesPerMessage: 1}, nil)
 	return b, &logs
 }
 
@@ -130,7 +132,7 @@ func TestABodyOverItsLimitGets413BodyTooLargeEverywhere(t *testing.T) {
 	b.refused(t, logs, "POST", "/v1/chat", `{"id":"c1","trigger":"submit-message","extra":"`+big+`"}`, http.StatusRequestEntityTooLarge, "body_too_large")
 	b.refused(t, logs, "POST", "/v1/chat", `{"id":"c1","messages":[{"id":"h","role":"user","parts":[{"type":"text","text":"`+big+`"}]},`,
 		http.StatusRequestEntityTooLarge, "body_too_large")
-	b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"`+strings.Repeat("x", 11<<10)+`"}`,
+	b.refused(t, logs, "POST", convPath("c1", "/messages"), `{"id":"m1","content":"`+strings.Repeat("x", 16<<10)+`"}`,
 		http.StatusRequestEntityTooLarge, "body_too_large")
 	b.refused(t, logs, "POST", "/v1/conversations", `{"id":"c2","title":"`+big+`"}`, http.StatusRequestEntityTooLarge, "body_too_large")
 }

@@ -17,6 +17,8 @@ import (
 type postMessageRequest struct {
 	ID      *string `json:"id"`
 	Content *string `json:"content"`
+	// Files are the message's files, as useChat's file parts (files.go).
+	Files []fileIn `json:"files"`
 }
 
 func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
@@ -27,9 +29,13 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 	limit := s.cfg.MaxContentBytes
 	var req postMessageRequest
 	// JSON escaping can make content up to six times longer in the body
-	// (\u00XX); the content's own limit is checked after decoding.
-	if !decodeJSON(w, r, int64(limit)*6+4096, false, &req) {
+	// (\u00XX); the content's own limit is checked after decoding. The
+	// files' room follows their limits.
+	if !decodeJSON(w, r, int64(limit)*6+4096+s.cfg.fileRoom(), false, &req) {
 		return
+	}
+	if req.Content == nil && len(req.Files) > 0 {
+		req.Content = new(string)
 	}
 	switch {
 	case req.ID == nil:
@@ -38,7 +44,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 	case req.Content == nil:
 		writeError(w, http.StatusBadRequest, "bad_content", `"content" is missing`)
 		return
-	case *req.Content == "":
+	case *req.Content == "" && len(req.Files) == 0:
 		writeError(w, http.StatusBadRequest, "bad_content", `"content" is empty`)
 		return
 	case len(*req.Content) > limit:
@@ -50,22 +56,29 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		refuseID(w, err)
 		return
 	}
-	if terr := checkText("content", *req.Content); terr != nil {
+	if terr := checkText("content", *req.Content); *req.Content != "" && terr != nil {
 		writeTextError(w, terr)
+		return
+	}
+	files, err := decodeFiles(req.Files)
+	if fileRefused(w, err) {
 		return
 	}
 	user := userFrom(r.Context())
 
 	var res schema.InsertResult
-	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = schema.InsertMessageTx(r.Context(), tx, schema.UserMessage{
 			OwnerID: user.ID, ConversationID: cid, MessageID: *req.ID, Content: *req.Content,
 			TraceParent: telemetry.TraceParent(r.Context()),
+			Files:       files, FileLimits: s.cfg.fileLimits(),
 		})
 		return err
 	})
 	switch {
+	case fileRefused(w, err):
+		return
 	case errors.Is(err, schema.ErrNotFound):
 		s.notFound(w, cid)
 		return
@@ -88,6 +101,10 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	case err != nil:
+		s.internalError(w, r, err)
+		return
+	}
+	if err := s.signFiles(r, res.Message.Files); err != nil {
 		s.internalError(w, r, err)
 		return
 	}
@@ -164,6 +181,12 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.failed(w, r, cid, err) {
 		return
+	}
+	for i := range msgs {
+		if err := s.signFiles(r, msgs[i].Files); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
 	}
 	body := map[string]any{}
 	if next != "" {

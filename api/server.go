@@ -111,6 +111,30 @@ type Config struct {
 	// where every producer finds it. Defaults to
 	// schema.DefaultDoubleTexting (debounce).
 	DoubleTexting schema.DoubleTexting
+
+	// MaxFileBytes limits each file of a message, in bytes; larger gets
+	// 413 file_too_large. Defaults to schema.DefaultMaxFileBytes (5 MiB).
+	MaxFileBytes int64
+	// MaxFilesPerMessage limits the files of one message; more get 413
+	// too_many_files. Defaults to schema.DefaultMaxFiles (4).
+	MaxFilesPerMessage int
+	// MaxUserFileBytes limits what one user's files take together, each
+	// distinct file counted once; past it 413 file_quota_exceeded.
+	// Negative turns the quota off. Defaults to
+	// schema.DefaultMaxUserFileBytes (1 GiB).
+	MaxUserFileBytes int64
+	// FileMediaTypes are the media types of files taken, as found in their
+	// bytes (schema.SniffedMediaTypes; "image/*" for every image type);
+	// others get 415 unsupported_media_type. Defaults to
+	// schema.DefaultFileMediaTypes: images, PDF and plain text.
+	FileMediaTypes []string
+	// FileLinkTTL is how long a signed link to a file (in a chat's
+	// history, for <img>, which sends no bearer token) works. Defaults to
+	// DefaultFileLinkTTL (1h).
+	FileLinkTTL time.Duration
+	// FileStore serves the bytes of files. Defaults to
+	// schema.PostgresFiles, where the producer stores them.
+	FileStore schema.FileStore
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -144,10 +168,16 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.MaxStreams, DefaultMaxStreams)
 	setDefault(&c.MaxChatBodyBytes, DefaultMaxChatBodyBytes)
 	setDefault(&c.MaxChatMessages, DefaultMaxChatMessages)
+	setDefault(&c.FileLinkTTL, DefaultFileLinkTTL)
+	limits := c.fileLimits().WithDefaults()
+	c.MaxFileBytes, c.MaxFilesPerMessage, c.MaxUserFileBytes, c.FileMediaTypes = limits.MaxFileBytes, limits.MaxFiles, limits.MaxUserBytes, limits.MediaTypes
+	if c.FileStore == nil {
+		c.FileStore = schema.PostgresFiles{}
+	}
 	return c
 }
 
-func setDefault[T int | time.Duration](v *T, def T) {
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
 	if *v == 0 {
 		*v = def
 	}
@@ -192,6 +222,20 @@ func (c Config) Validate() error {
 	if _, err := schema.ParseDoubleTexting(string(c.DoubleTexting)); err != nil {
 		return setting.Errorf("DoubleTexting", c.DoubleTexting, "is not a policy: give %s", schema.DoubleTextingNames())
 	}
+	if c.MaxFileBytes < 1 {
+		return setting.Errorf("MaxFileBytes", c.MaxFileBytes, "must be at least 1 byte")
+	}
+	if c.MaxFilesPerMessage < 1 {
+		return setting.Errorf("MaxFilesPerMessage", c.MaxFilesPerMessage, "must be at least 1")
+	}
+	for _, t := range c.FileMediaTypes {
+		if err := schema.CheckMediaType(t); err != nil {
+			return setting.Errorf("FileMediaTypes", strings.Join(c.FileMediaTypes, ","), "%v", err)
+		}
+	}
+	if c.FileLinkTTL < time.Second {
+		return setting.Errorf("FileLinkTTL", c.FileLinkTTL, "must be at least 1s")
+	}
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
 	}
@@ -225,6 +269,7 @@ type Server struct {
 	hub       *hub
 	closing   chan struct{}
 	closeOnce sync.Once
+	fileLinks fileLinks
 }
 
 // New builds a server over pool and js, both owned by the caller. js, when
@@ -288,6 +333,8 @@ func (s *Server) routes() {
 	s.handle("POST /v1/chat", s.auth(s.limitMessages(s.postChat)))
 	s.handle("GET /v1/chat/{id}", s.auth(s.chatHistory))
 	s.handle("GET /v1/chat/{id}/stream", s.auth(s.resumeChat))
+	// A file: with the owner's token, or a signed link (files.go).
+	s.handle("GET /v1/files/{sha256}", s.getFile)
 	s.handle("GET /v1/conversations/{cid}/approvals", s.auth(s.listApprovals))
 	s.handle("POST /v1/conversations/{cid}/approvals/{id}", s.auth(s.decideApproval))
 	// Anything else is a JSON error, not the mux's plain text: 405 with

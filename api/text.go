@@ -78,7 +78,20 @@ func (j *jsonText) errorf(format string, args ...any) *textError {
 
 // write scans the next bytes of the text.
 func (j *jsonText) write(p []byte) *textError {
-	for _, b := range p {
+	for i := 0; i < len(p); i++ {
+		if j.inString && !j.escaped && j.hex == 0 && !j.high && j.nrune == 0 {
+			// The run of plain ASCII inside a string, at once: most of a
+			// body that carries a file (its base64) is one.
+			k := i
+			for k < len(p) && p[k] < utf8.RuneSelf && p[k] != '"' && p[k] != '\\' {
+				k++
+			}
+			j.offset += int64(k - i)
+			if i = k; i == len(p) {
+				break
+			}
+		}
+		b := p[i]
 		if j.nrune > 0 || b >= utf8.RuneSelf {
 			j.rune[j.nrune] = b
 			j.nrune++

@@ -59,6 +59,15 @@ type Turn struct {
 	// context budget can use more than History holds. It reads only what
 	// is asked for, and each page once per turn.
 	MoreHistory func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error)
+	// OpenFile returns the bytes of the file sum of the message whose
+	// server key is messageKey (a message of Messages or of the history):
+	// what an agent that sends files to its model reads.
+	OpenFile func(ctx context.Context, messageKey, sum string) (schema.StoredFile, error)
+	// FileLink returns a short-lived link to the file sum of the message
+	// whose server key is messageKey, which works without a token (signed,
+	// see schema.FileLinks), for an agent that fetches what it reads; ""
+	// when the worker has no Config.FilesURL.
+	FileLink func(ctx context.Context, messageKey string, f schema.File) (string, error)
 }
 
 // StepRequest is what one step of a turn is given.

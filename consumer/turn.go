@@ -194,6 +194,10 @@ func (t *turn) answer() (Reply, error) {
 		MoreHistory: pagesOnce(func(ctx context.Context, beforeSeq int64, limit int) ([]schema.Message, error) {
 			return schema.LoadHistoryBefore(ctx, w.pool, c.ConversationID, beforeSeq, limit)
 		}),
+		OpenFile: func(ctx context.Context, messageKey, sum string) (schema.StoredFile, error) {
+			return schema.OpenMessageFile(ctx, w.pool, w.cfg.FileStore, messageKey, sum)
+		},
+		FileLink: w.fileLink,
 	}, tools, t.journal, t.live, w.cfg.MaxToolIterations, t.log)
 	l.resume, l.journaled = resumeOf(c.Resume), journaled
 	return l.run(ctx)

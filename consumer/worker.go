@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -38,6 +39,9 @@ const (
 	// DefaultShutdownTimeout bounds how long a shutdown lets running turns
 	// finish before it gives them up.
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultAgentFileLinkTTL is how long a link to a file that an
+	// external agent is given works: longer than a step's request.
+	DefaultAgentFileLinkTTL = 30 * time.Minute
 	// DefaultApprovalTTL is how long a call waits for its approval.
 	DefaultApprovalTTL = 24 * time.Hour
 	// NoDebounce commits every reply as soon as it is ready: rapid
@@ -82,6 +86,15 @@ type Config struct {
 	// (see ApprovalTool); past it the call is denied. Defaults to 24
 	// hours.
 	ApprovalTTL time.Duration
+	// FileStore holds the bytes of the turn's files (Turn.OpenFile).
+	// Defaults to schema.PostgresFiles.
+	FileStore schema.FileStore
+	// FilesURL is the API's URL as an external agent reaches it, such as
+	// https://baton.example: the links to a turn's files that an agent is
+	// given (Turn.FileLink) start with it, and are signed for
+	// DefaultAgentFileLinkTTL. Defaults to none: an agent is given no
+	// links, and a file part says that it was left out.
+	FilesURL string
 	// Debounce is the quiet window of a burst. A turn is claimed and its
 	// model call started as soon as a message arrives; its reply commits
 	// only once Debounce has passed since the conversation's newest
@@ -237,6 +250,9 @@ func (c Config) WithDefaults() Config {
 	if c.ApprovalTTL == 0 {
 		c.ApprovalTTL = DefaultApprovalTTL
 	}
+	if c.FileStore == nil {
+		c.FileStore = schema.PostgresFiles{}
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -250,6 +266,11 @@ func (c Config) WithDefaults() Config {
 
 // Validate returns a *setting.Error for the first setting that is wrong.
 func (c Config) Validate() error {
+	if c.FilesURL != "" {
+		if u, err := url.Parse(c.FilesURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return setting.Errorf("FilesURL", c.FilesURL, "must be the API's http(s) URL, such as https://baton.example")
+		}
+	}
 	switch {
 	case c.Debounce < 0 && c.Debounce != NoDebounce:
 		return setting.Errorf("Debounce", c.Debounce, "negative: give NoDebounce to claim at once")
@@ -318,6 +339,11 @@ type Worker struct {
 	// token, for stop notices and snapshot requests.
 	runsMu sync.Mutex
 	runs   map[string]*runningTurn
+
+	// links signs the links to files for external agents, with the key
+	// the database keeps, read once.
+	linksMu sync.Mutex
+	links   *schema.FileLinks
 
 	mu        sync.Mutex
 	mailboxes map[string]*mailbox

@@ -34,6 +34,10 @@ type ChatMessage struct {
 	// Tools are the tool calls of a reply or an error, in the order they
 	// started.
 	Tools []ChatTool
+	// Files are a user message's files.
+	Files []File
+	// Key is the server's id of the message.
+	Key string
 }
 
 // ChatTool is one tool call of a reply, as its journal recorded it.
@@ -86,8 +90,8 @@ func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID
 
 func chatHistory(ctx context.Context, db Executor, key string, before int64, limit int) (msgs []ChatMessage, more bool, err error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, role, content, reasoning, seq, truncated, stopped, settled, run_id FROM (
-			SELECT coalesce(m.public_id, m.id) AS id, m.role, m.content, coalesce(m.reasoning, '') AS reasoning, m.seq, m.truncated, m.stopped,
+		SELECT key, id, role, content, reasoning, seq, truncated, stopped, settled, run_id FROM (
+			SELECT m.id AS key, coalesce(m.public_id, m.id) AS id, m.role, m.content, coalesce(m.reasoning, '') AS reasoning, m.seq, m.truncated, m.stopped,
 				o.stopped_at IS NOT NULL AS settled, coalesce(m.run_id, '') AS run_id
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 			WHERE m.conversation_id = $1 AND ($2 = 0 OR m.seq < $2) AND m.superseded_at IS NULL
@@ -98,7 +102,7 @@ func chatHistory(ctx context.Context, db Executor, key string, before int64, lim
 	}
 	msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChatMessage, error) {
 		var m ChatMessage
-		err := row.Scan(&m.ID, &m.Role, &m.Content, &m.Reasoning, &m.Seq, &m.Truncated, &m.Stopped, &m.Settled, &m.RunID)
+		err := row.Scan(&m.Key, &m.ID, &m.Role, &m.Content, &m.Reasoning, &m.Seq, &m.Truncated, &m.Stopped, &m.Settled, &m.RunID)
 		return m, err
 	})
 	if err != nil {
@@ -109,6 +113,19 @@ func chatHistory(ctx context.Context, db Executor, key string, before int64, lim
 	}
 	if err := attachTools(ctx, db, msgs); err != nil {
 		return nil, false, err
+	}
+	var keys []string
+	for _, m := range msgs {
+		if m.Role == RoleUser {
+			keys = append(keys, m.Key)
+		}
+	}
+	files, err := FilesOf(ctx, db, keys)
+	if err != nil {
+		return nil, false, err
+	}
+	for i := range msgs {
+		msgs[i].Files = files[msgs[i].Key]
 	}
 	return msgs, more, nil
 }

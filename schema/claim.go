@@ -291,10 +291,10 @@ SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	coalesce(conv.double_texting, ''), (SELECT f.max_rows FROM free f WHERE f.conversation_id = r.conversation_id AND f.run_id = r.run_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
-		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
+		'content', m.content, 'created_at', m.created_at, 'seq', m.seq, 'files', ` + messageFilesJSON + `) ORDER BY m.seq)
 	 FROM messages m JOIN claimed c ON c.message_id = m.id WHERE c.conversation_id = r.conversation_id),
 	(SELECT json_agg(h ORDER BY h.seq) FROM (
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq, ` + messageFilesJSON + ` AS files
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = r.conversation_id AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL AND agg.ids IS NOT NULL
 		ORDER BY m.seq DESC LIMIT $6) h)
@@ -303,6 +303,11 @@ LEFT JOIN conv ON conv.id = r.conversation_id
 LEFT JOIN agg ON agg.conversation_id = r.conversation_id
 LEFT JOIN run ON run.conversation_id = r.conversation_id
 ORDER BY r.ord`
+
+// messageFilesJSON is the files of message m as JSON (File's fields), or
+// NULL when it has none.
+const messageFilesJSON = `(SELECT json_agg(json_build_object('sha256', mf.sha256, 'media_type', f.media_type, 'filename', mf.filename, 'size', f.size) ORDER BY mf.position)
+		FROM message_files mf JOIN files f ON f.owner_id = mf.owner_id AND f.sha256 = mf.sha256 WHERE mf.message_id = m.id)`
 
 // leaseRunSQL takes the lease of each conversation of a claimed turn and
 // records the run: its CTEs read the turn from agg (conversation_id, ids,
@@ -450,6 +455,11 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 	if len(r.history) > 0 {
 		if err := json.Unmarshal(r.history, &in.History); err != nil {
 			return c, in, fmt.Errorf("claim: read the history: %w", err)
+		}
+	}
+	for _, ms := range [][]Message{in.Messages, in.History} {
+		for i := range ms {
+			ms[i].Key = ms[i].ID
 		}
 	}
 	if len(in.Messages) == 0 {

@@ -40,6 +40,11 @@ type Message struct {
 	Stopped bool `json:"stopped,omitempty"`
 	// Superseded marks a reply that a regenerated one replaced.
 	Superseded bool `json:"superseded,omitempty"`
+	// Files are a user message's files, in order: references to its
+	// owner's store (FileStore), never the bytes.
+	Files []File `json:"files,omitempty"`
+	// Key is the server's id of the message.
+	Key string `json:"-"`
 }
 
 // UserMessage is what a producer writes: whose it is, the owner's ids of
@@ -55,6 +60,13 @@ type UserMessage struct {
 	// outbox row so that the turn continues the caller's trace. Defaults
 	// to none.
 	TraceParent string
+	// Files are the message's files, stored in the owner's store before
+	// the outbox row; a message with files may have empty Content.
+	// Defaults to none.
+	Files []FileIn
+	// FileLimits are the policies the files are held to. Defaults to
+	// FileLimits' defaults.
+	FileLimits FileLimits
 }
 
 // InsertResult says what InsertMessageTx did.
@@ -88,7 +100,9 @@ type InsertResult struct {
 // ErrNotFound; a bad id, empty content or content that text cannot hold
 // (U+0000, invalid UTF-8: ErrBadText) ErrInvalid, a message id of the
 // server's (ValidateID) ErrReservedID; content over
-// MaxContentBytes ErrContentTooLarge. On an error nothing is written.
+// MaxContentBytes ErrContentTooLarge; files that FileLimits refuse
+// ErrFileTooLarge, ErrTooManyFiles, ErrFileQuota, ErrMediaType or
+// ErrBadFile. On an error nothing is written.
 //
 // The conversation's double texting applies (see DoubleTexting): under
 // DoubleTextingReject, a new message while a turn runs or waits is
@@ -106,20 +120,42 @@ type InsertResult struct {
 // The caller commits: the message and its outbox row become visible
 // together, or not at all.
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
-	if err := ValidateText("content", m.Content); err != nil {
-		return InsertResult{}, err
+	if m.Content != "" || len(m.Files) == 0 {
+		if err := ValidateText("content", m.Content); err != nil {
+			return InsertResult{}, err
+		}
 	}
 	res := InsertResult{Message: Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}}
 	var outboxID *int64
 	var interrupted *string
-	err := tx.QueryRow(ctx, `
-		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed, interrupted_run_id
-		FROM baton_send_message_for_owner($1, $2, $3, $4, $5)`,
-		m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent).Scan(
-		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed, &interrupted)
+	var sums, types []string
+	var sizes []int64
+	var err error
+	if len(m.Files) == 0 {
+		// The statement of a message without files, as it was before
+		// files: nothing more to send or to read.
+		err = tx.QueryRow(ctx, `
+			SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed, interrupted_run_id
+			FROM baton_send_message_for_owner($1, $2, $3, $4, $5)`,
+			m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent).Scan(
+			&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed, &interrupted)
+	} else {
+		meta, data := fileArgs(m.Files)
+		err = tx.QueryRow(ctx, `
+			SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed, interrupted_run_id,
+				file_sha256s, file_media_types, file_sizes
+			FROM baton_send_message_for_owner($1, $2, $3, $4, $5, $6, $7, $8)`,
+			m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent, meta, data, m.FileLimits.sqlLimits()).Scan(
+			&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed, &interrupted,
+			&sums, &types, &sizes)
+	}
 	if err != nil {
 		return InsertResult{}, producerError("store the message", err)
 	}
+	for i := range sums {
+		res.Message.Files = append(res.Message.Files, File{SHA256: sums[i], MediaType: types[i], Filename: m.Files[i].Filename, Size: sizes[i], Owner: m.OwnerID})
+	}
+	res.Message.Key = res.MessageKey
 	if outboxID != nil {
 		// A retry of a message whose outbox row was pruned has none.
 		res.OutboxID = *outboxID
@@ -164,7 +200,7 @@ func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationI
 
 func listMessages(ctx context.Context, db Executor, key, conversationID string, after int64, limit int) ([]Message, error) {
 	rows, err := db.Query(ctx, `
-		SELECT coalesce(m.public_id, m.id), m.role, m.content, coalesce(m.reasoning, ''), m.created_at, m.seq,
+		SELECT m.id, coalesce(m.public_id, m.id), m.role, m.content, coalesce(m.reasoning, ''), m.created_at, m.seq,
 			CASE WHEN o.stopped_at IS NOT NULL THEN 'stopped' ELSE o.status END, m.truncated, m.stopped, m.superseded_at IS NOT NULL
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
@@ -177,10 +213,31 @@ func listMessages(ctx context.Context, db Executor, key, conversationID string, 
 	out := []Message{}
 	for rows.Next() {
 		msg := Message{ConversationID: conversationID}
-		if err := rows.Scan(&msg.ID, &msg.Role, &msg.Content, &msg.Reasoning, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated, &msg.Stopped, &msg.Superseded); err != nil {
+		if err := rows.Scan(&msg.Key, &msg.ID, &msg.Role, &msg.Content, &msg.Reasoning, &msg.CreatedAt, &msg.Seq, &msg.Status, &msg.Truncated, &msg.Stopped, &msg.Superseded); err != nil {
 			return nil, err
 		}
 		out = append(out, msg)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, attachFiles(ctx, db, out)
+}
+
+// attachFiles reads the files of the user messages among msgs.
+func attachFiles(ctx context.Context, db Executor, msgs []Message) error {
+	var keys []string
+	for _, m := range msgs {
+		if m.Role == RoleUser {
+			keys = append(keys, m.Key)
+		}
+	}
+	files, err := FilesOf(ctx, db, keys)
+	if err != nil {
+		return err
+	}
+	for i := range msgs {
+		msgs[i].Files = files[msgs[i].Key]
+	}
+	return nil
 }

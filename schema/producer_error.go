@@ -74,7 +74,9 @@ var (
 // ProducerError is an error a producer function raised: its SQLSTATE and
 // its message, which says what to fix. errors.Is finds the package's error
 // of its kind in it (ErrNotFound, ErrConflict, ErrInvalid,
-// ErrContentTooLarge, ErrTurnRunning, ErrReservedID, ErrBadText), and
+// ErrContentTooLarge, ErrTurnRunning, ErrReservedID, ErrBadText, and the
+// errors of files: ErrFileTooLarge, ErrTooManyFiles, ErrFileQuota,
+// ErrMediaType, ErrBadFile), and
 // errors.As the driver's *pgconn.PgError.
 type ProducerError struct {
 	// Code is the SQLSTATE, one of the SQLState constants.
@@ -110,6 +112,16 @@ func producerError(doing string, err error) error {
 			// U+0000 or bytes that are not UTF-8, which a Go caller can
 			// send and no text column holds.
 			kind = ErrBadText
+		case SQLStateFileTooLarge:
+			kind = ErrFileTooLarge
+		case SQLStateTooManyFiles:
+			kind = ErrTooManyFiles
+		case SQLStateFileQuota:
+			kind = ErrFileQuota
+		case SQLStateMediaTypeRefused, SQLStateMediaTypeMismatch:
+			kind = ErrMediaType
+		case SQLStateBadFile, SQLStateUnknownFile:
+			kind = ErrBadFile
 		case SQLStateBadUserID, SQLStateBadConversationID, SQLStateBadMessageID, SQLStateEmptyContent, SQLStateBadTitle, SQLStateBadDoubleTexting:
 			kind = ErrInvalid
 		}

@@ -31,6 +31,10 @@ import (
 //   - group_inbox: rows of events that the stream no longer holds, so that
 //     no redelivery or replay can bring the event back (see StreamFloor).
 //
+// And files (migration 00029) that no message references any more: the
+// delete of a conversation removes those only its messages referenced, in
+// its transaction; a pass sweeps any left (PruneResult.Files).
+//
 // Messages, conversations, dead letters and audit events are never pruned.
 
 // Defaults of a Retention.
@@ -177,6 +181,8 @@ type PruneResult struct {
 	CaughtUp bool
 	// Streams are the streams whose inbox rows were looked at.
 	Streams []string
+	// Files are the files removed that no message referenced.
+	Files int64
 }
 
 // PruneCursor is where a pruner stands in the ended runs it keeps (those
@@ -250,6 +256,11 @@ func Prune(ctx context.Context, db Beginner, r Retention, floors []StreamFloor, 
 			more = more || left
 		}
 		if !more {
+			n, err := PruneFiles(ctx, db, r.Batch)
+			res.Files = int64(n)
+			if err != nil {
+				return res, err
+			}
 			res.CaughtUp = true
 			return res, nil
 		}
@@ -290,6 +301,10 @@ func PruneDryRun(ctx context.Context, db Executor, r Retention, floors []StreamF
 		if err := count(TableInbox, `SELECT count(*) FROM group_inbox c WHERE `+inboxPrunable, inboxArgs(r, f, floors)...); err != nil {
 			return res, err
 		}
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM files f
+		WHERE NOT EXISTS (SELECT FROM message_files mf WHERE mf.owner_id = f.owner_id AND mf.sha256 = f.sha256)`).Scan(&res.Files); err != nil {
+		return res, fmt.Errorf("count the files no message references: %w", err)
 	}
 	return res, nil
 }

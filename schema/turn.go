@@ -32,14 +32,15 @@ type TurnInput struct {
 func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs []int64, historyLimit int) (TurnInput, error) {
 	var in TurnInput
 	rows, err := db.Query(ctx, `
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq,
+			EXISTS (SELECT FROM message_files mf WHERE mf.message_id = m.id)
 		FROM agent_outbox o JOIN messages m ON m.id = o.message_id
 		WHERE o.id = ANY($1) AND o.conversation_id = $2
 		ORDER BY m.seq`, outboxIDs, conversationID)
 	if err != nil {
 		return in, fmt.Errorf("load turn messages: %w", err)
 	}
-	in.Messages, err = scanMessages(rows)
+	in.Messages, err = scanMessages(ctx, db, rows)
 	if err != nil {
 		return in, fmt.Errorf("load turn messages: %w", err)
 	}
@@ -50,8 +51,9 @@ func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs
 		return in, nil
 	}
 	rows, err = db.Query(ctx, `
-		SELECT id, conversation_id, role, content, created_at, seq FROM (
-			SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		SELECT id, conversation_id, role, content, created_at, seq, has_files FROM (
+			SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq,
+				EXISTS (SELECT FROM message_files mf WHERE mf.message_id = m.id) AS has_files
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 			WHERE m.conversation_id = $1 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
 			ORDER BY m.seq DESC LIMIT $2) h
@@ -59,7 +61,7 @@ func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs
 	if err != nil {
 		return in, fmt.Errorf("load history: %w", err)
 	}
-	in.History, err = scanMessages(rows)
+	in.History, err = scanMessages(ctx, db, rows)
 	if err != nil {
 		return in, fmt.Errorf("load history: %w", err)
 	}
@@ -72,27 +74,37 @@ func LoadTurn(ctx context.Context, db Executor, conversationID string, outboxIDs
 // for more than LoadTurn's history reads, a page at a time.
 func LoadHistoryBefore(ctx context.Context, db Executor, conversationID string, beforeSeq int64, limit int) ([]Message, error) {
 	rows, err := db.Query(ctx, `
-		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq
+		SELECT m.id, m.conversation_id, m.role, m.content, m.created_at, m.seq,
+			EXISTS (SELECT FROM message_files mf WHERE mf.message_id = m.id)
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq < $2 AND (o.id IS NULL OR o.status IN ('done', 'error')) AND m.superseded_at IS NULL
 		ORDER BY m.seq DESC LIMIT $3`, conversationID, beforeSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("load history: %w", err)
 	}
-	return scanMessages(rows)
+	return scanMessages(ctx, db, rows)
 }
 
-func scanMessages(rows pgx.Rows) ([]Message, error) {
+// scanMessages reads messages of a turn, whose ID is the server's key,
+// and then their files, when one has any (a second query only then).
+func scanMessages(ctx context.Context, db Executor, rows pgx.Rows) ([]Message, error) {
 	defer rows.Close()
 	var out []Message
+	files := false
 	for rows.Next() {
 		var m Message
-		if err := rows.Scan(&m.ID, &m.ConversationID, &m.Role, &m.Content, &m.CreatedAt, &m.Seq); err != nil {
+		var has bool
+		if err := rows.Scan(&m.ID, &m.ConversationID, &m.Role, &m.Content, &m.CreatedAt, &m.Seq, &has); err != nil {
 			return nil, err
 		}
+		m.Key = m.ID
+		files = files || has
 		out = append(out, m)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil || !files {
+		return out, err
+	}
+	return out, attachFiles(ctx, db, out)
 }
 
 // ClaimResult is the outcome of one claim of ClaimTurns: ClaimTurn's

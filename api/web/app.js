@@ -142,7 +142,7 @@ function render() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   box.innerHTML = "";
   const known = new Set(messages.map((m) => m.id));
-  for (const m of messages) box.append(bubble(m.role, m.content, metaOf(m), m.id, m.reasoning));
+  for (const m of messages) box.append(bubble(m.role, m.content, metaOf(m), m.id, m.reasoning, "", m.files));
   for (const u of unsent().filter((u) => u.cid === current && !known.has(u.id))) {
     const el = bubble("user", u.content, u.rejected ? "not sent: " + u.rejected : "not sent yet", u.id);
     el.classList.add(u.rejected ? "rejected" : "unsent");
@@ -169,8 +169,9 @@ function metaOf(m) {
 
 // bubble is a message: its reasoning, when the model showed some, in a
 // block of its own that opens on demand (and stays open across renders),
-// then its text.
-function bubble(role, text, meta, id, reasoning, key) {
+// then its text, then its files: an image shown, any other file a link.
+// Their urls are signed links, which need no token.
+function bubble(role, text, meta, id, reasoning, key, files) {
   const d = document.createElement("div");
   d.className = "msg"; d.dataset.role = role; if (id) d.dataset.id = id;
   if (reasoning) {
@@ -183,6 +184,14 @@ function bubble(role, text, meta, id, reasoning, key) {
     d.append(r);
   }
   d.append(document.createTextNode(text));
+  for (const f of files || []) {
+    const name = f.filename || f.sha256.slice(0, 12);
+    const a = document.createElement("a"); a.className = "attachment"; a.href = f.url; a.target = "_blank"; a.rel = "noopener";
+    if (f.media_type.startsWith("image/")) {
+      const img = document.createElement("img"); img.src = f.url; img.alt = name; a.append(img);
+    } else a.textContent = name + " (" + f.media_type + ")";
+    d.append(a);
+  }
   if (meta) { const s = document.createElement("span"); s.className = "meta"; s.textContent = meta; d.append(s); }
   return d;
 }

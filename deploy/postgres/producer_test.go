@@ -13,7 +13,7 @@ import (
 
 // producerFunctions are the SQL producer's public functions, the only
 // things of Baton's that baton_producer may use.
-var producerFunctions = []string{"baton_create_conversation(text,text,text,text)", "baton_send_message(text,text,text,text)"}
+var producerFunctions = []string{"baton_create_conversation(text,text,text,text)", "baton_send_message(text,text,text,text,jsonb)"}
 
 // TestABackendInBatonProducerCallsTheProducerFunctionsAndNothingElse: a
 // backend's own role, made a member of baton_producer as the guide says,
@@ -67,6 +67,15 @@ func TestABackendInBatonProducerCallsTheProducerFunctionsAndNothingElse(t *testi
 		SELECT m.content FROM messages m JOIN agent_outbox o ON o.message_id = m.id JOIN users u ON u.id = m.owner_id
 		WHERE m.id = $1 AND u.name = 'carol'`, key).Scan(&stored))
 	require.Equal(t, "Where is my order?", stored, "the message and its outbox row are stored for carol")
+
+	// A message with a file, by the same right: the file is stored apart,
+	// the message references it.
+	_, err = shop.Exec(ctx, `SELECT * FROM baton_send_message('carol', 'order-1', 'order-1-receipt', 'my receipt',
+		'[{"filename": "receipt.txt", "url": "data:text/plain;base64,dG90YWw6IDQyCg=="}]')`)
+	require.NoError(t, err, "a member of baton_producer sends a message with a file")
+	var files int
+	require.NoError(t, su.QueryRow(ctx, `SELECT count(*) FROM message_files mf JOIN messages m ON m.id = mf.message_id WHERE m.public_id = 'order-1-receipt'`).Scan(&files))
+	require.Equal(t, 1, files)
 
 	// The conversation's double texting holds for the backend as for the
 	// API, with nothing but EXECUTE on the two functions: one made to

@@ -70,7 +70,7 @@ func TestRolesSQLIsSafeToRunAgainAndNeverPrintsAPassword(t *testing.T) {
 	}
 	require.Contains(t, before, "baton_producer login=f super=f replication=f createdb=f createrole=f bypassrls=f member_of=\n",
 		"roles.sql makes baton_producer, a group role that is no login and belongs to no other role")
-	require.Contains(t, before, "baton_send_message(text,text,text,text) {baton_migrator=X/baton_migrator,baton_producer=X/baton_migrator}",
+	require.Contains(t, before, "baton_send_message(text,text,text,text,jsonb) {baton_migrator=X/baton_migrator,baton_producer=X/baton_migrator}",
 		"baton_producer, and nobody else but the owner, may execute baton_send_message")
 	require.Contains(t, before, "baton_relay login=t super=f replication=t createdb=f createrole=f bypassrls=f member_of=\n")
 	require.Contains(t, before, "baton_status login=t super=f replication=f createdb=f createrole=f bypassrls=f member_of={pg_read_all_stats}")

@@ -209,6 +209,8 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `SELECT * FROM baton_create_conversation('alice', 'c1', ''); SELECT * FROM baton_create_conversation('alice', 'c2', '');
 		SELECT * FROM baton_send_message('alice', 'c1', 'm1', 'hello');
 		SELECT * FROM baton_create_conversation('alice', 'one-at-a-time', '', 'reject'); SELECT * FROM baton_send_message('alice', 'one-at-a-time', 'm3', 'first');
+		SELECT * FROM baton_create_conversation('alice', 'full', '');
+		INSERT INTO file_usage (owner_id, bytes) SELECT id, 1073741824 FROM users WHERE name = 'alice';
 		ALTER TABLE users ADD CONSTRAINT users_name_short CHECK (length(name) <= 20) NOT VALID`)
 	require.NoError(t, err)
 
@@ -236,6 +238,15 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 		`SELECT * FROM baton_send_message('alice', 'c2', 'm1', 'hello')`,
 		`SELECT * FROM baton_create_conversation('alice', 'c4', '', 'shout')`,
 		`SELECT * FROM baton_send_message('alice', 'one-at-a-time', 'm4', 'second')`,
+		// Files: each policy at its default.
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', jsonb_build_array(jsonb_build_object('media_type', 'text/plain',
+			'data', encode(convert_to(repeat('a', 5242881), 'UTF8'), 'base64'))))`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', (SELECT jsonb_agg(jsonb_build_object('data', 'YQ==')) FROM generate_series(1, 5)))`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', '[{"data": "f0VMRgIB"}]')`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', '[{"media_type": "image/png", "data": "YQ=="}]')`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', '[{"data": ""}]')`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'm5', 'x', '[{"url": "https://example.com/a.png"}]')`,
+		`SELECT * FROM baton_send_message('alice', 'full', 'm6', 'x', '[{"data": "YQ=="}]')`,
 	} {
 		_, err := db.Pool.Exec(ctx, call)
 		var pgErr *pgconn.PgError
@@ -248,7 +259,7 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 	// The producer's migrations: its functions, and what later ones added
 	// (double texting, the rules of ids).
 	var migrations strings.Builder
-	for _, name := range []string{"00015_producer.sql", "00023_double_texting.sql", "00024_id_rules.sql"} {
+	for _, name := range []string{"00015_producer.sql", "00023_double_texting.sql", "00024_id_rules.sql", "00029_files.sql"} {
 		migration, err := os.ReadFile(filepath.Join("..", "..", "migrations", name))
 		require.NoError(t, err)
 		migrations.Write(migration)
@@ -259,7 +270,9 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 	}
 	for _, code := range []string{schema.SQLStateBadUserID, schema.SQLStateBadConversationID, schema.SQLStateBadMessageID, schema.SQLStateEmptyContent,
 		schema.SQLStateContentTooLarge, schema.SQLStateBadTitle, schema.SQLStateBadDoubleTexting, schema.SQLStateReservedMessageID,
-		schema.SQLStateUnknownConversation, schema.SQLStateConflict, schema.SQLStateTurnRunning} {
+		schema.SQLStateUnknownConversation, schema.SQLStateConflict, schema.SQLStateTurnRunning,
+		schema.SQLStateFileTooLarge, schema.SQLStateTooManyFiles, schema.SQLStateFileQuota, schema.SQLStateMediaTypeRefused,
+		schema.SQLStateMediaTypeMismatch, schema.SQLStateBadFile} {
 		require.Contains(t, documented, code, "the reference lists every SQLSTATE of package schema")
 	}
 }

@@ -24,6 +24,7 @@ type httpOptions struct {
 	MaxContentBytes int    `name:"max-content-bytes" env:"BATON_MAX_CONTENT_BYTES" help:"Largest message content accepted, in bytes (larger gets 413)." default:"65536"`
 	quotaFlags      `embed:""`
 	limitFlags      `embed:""`
+	fileFlags       `embed:""`
 	jwtFlags        `embed:""`
 	CORSOrigins     []string `name:"cors-origins" env:"BATON_CORS_ORIGINS" sep:"," setting:"CORSOrigins" placeholder:"ORIGIN" help:"Origins whose pages may call the API from the browser, exactly (https://app.example), comma-separated; no wildcard. Default: none, no cross-origin access."`
 	DoubleTexting   string   `name:"double-texting" env:"BATON_DOUBLE_TEXTING" setting:"DoubleTexting" placeholder:"POLICY" help:"What a message does that arrives while a turn of its conversation runs, for the conversations the API creates without a policy of their own (every chat of POST /v1/chat): enqueue (answered after the running turn, one reply per message), reject (409 turn_running, nothing written), interrupt (the running turn stops with what it wrote, then one turn answers its messages and the new one) or debounce (a message within the worker's --debounce replaces the running turn, one reply for both). Stored on each conversation, which PATCH /v1/conversations/{cid} changes. Defaults to ${double_texting}."`
@@ -47,6 +48,11 @@ type limitFlags struct {
 	MetricsAddr       string        `name:"metrics-addr" env:"BATON_METRICS_ADDR" help:"Address to serve Prometheus metrics on /metrics, apart from the API, such as 127.0.0.1:9090. Default: not served."`
 }
 
+// withLimits returns cfg with the edge's limits and the file policies set.
+func (o httpOptions) withLimits(cfg api.Config) api.Config {
+	return o.fileFlags.withFiles(o.limitFlags.withLimits(cfg))
+}
+
 // withLimits returns cfg with the limits set.
 func (l limitFlags) withLimits(cfg api.Config) api.Config {
 	cfg.HeaderTimeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = l.HeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
@@ -64,6 +70,9 @@ func (l limitFlags) validate() error {
 }
 
 func (o httpOptions) validate() error {
+	if err := settingError(o.fileFlags, o.fileFlags.withFiles(api.Config{}).WithDefaults().Validate()); err != nil {
+		return err
+	}
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
 		return fmt.Errorf("--http-addr / BATON_HTTP_ADDR %q is not host:port (for example 127.0.0.1:8080)", o.HTTPAddr)
 	}

@@ -141,6 +141,7 @@ func writePruneResult(w io.Writer, r schema.Retention, floors []schema.StreamFlo
 	for _, t := range schema.PrunedTables {
 		fmt.Fprintf(&b, "  %-13s %8d  %s\n", t, res.Rows[t], rules[t])
 	}
+	fmt.Fprintf(&b, "  %-13s %8d  %s\n", "files", res.Files, "files no message references any more")
 	if !dryRun && !res.CaughtUp {
 		fmt.Fprintf(&b, "the pass stopped after --prune-pass-time %s with rows left: run it again, or let the relay's pruner go on\n", r.PassTime)
 	}

@@ -52,6 +52,7 @@ type echoFlags struct {
 // externalFlags configure --agent ag-ui, ai-sdk and a2a: an agent in any
 // language, served over HTTP.
 type externalFlags struct {
+	FilesURL          string            `name:"files-url" env:"BATON_FILES_URL" setting:"FilesURL" help:"The API's URL as the agent reaches it, such as https://baton.example: a message's files go to the agent as file parts whose url is a link to GET /v1/files/{sha256} there, signed, working without a token for 30 minutes. Default: none, the agent gets no links and a note that files were left out."`
 	AgentURL          string            `name:"agent-url" env:"BATON_AGENT_URL" setting:"URL" help:"URL Baton posts each step to, such as https://agent.example.com/api/agent (for a2a, the agent's JSON-RPC endpoint); required with --agent ag-ui, ai-sdk or a2a. Never logged."`
 	AgentTimeout      time.Duration     `name:"agent-timeout" env:"BATON_AGENT_TIMEOUT" setting:"Timeout" help:"Cap of one step request, to the end of its stream; past it the step is retried. Defaults to ${agent_timeout}."`
 	AgentFirstByte    time.Duration     `name:"agent-first-byte-timeout" env:"BATON_AGENT_FIRST_BYTE_TIMEOUT" setting:"FirstByteTimeout" help:"Longest wait for the first byte of an agent's answer; past it the step is retried. Defaults to ${agent_first_byte}."`
@@ -81,6 +82,7 @@ type modelFlags struct {
 	ModelToolResult  int           `name:"model-max-tool-result-bytes" env:"BATON_MODEL_MAX_TOOL_RESULT_BYTES" setting:"MaxToolResultBytes" help:"Longest tool result the model reads; a longer one keeps its start and end. Defaults to ${model_tool_result}."`
 	MaxModelCalls    int           `name:"max-model-calls" env:"BATON_MAX_MODEL_CALLS" setting:"MaxModelCalls" help:"Model calls one turn may make, retries included. Defaults to ${max_model_calls}."`
 	SystemPrompt     string        `name:"system-prompt" env:"BATON_SYSTEM_PROMPT" help:"First message of every model request."`
+	ModelMedia       []string      `name:"model-media" env:"BATON_MODEL_MEDIA" sep:"," setting:"ModelMedia" placeholder:"TYPE" help:"Media types of files the model server reads, comma-separated (image/* for every image type): an image goes as an image_url part, anything else as a file part, the bytes in a data URL. A text file of a type not listed goes as text; any other file fails its turn with a visible error. Defaults to ${model_media}."`
 	ToolHTTPGetAllow []string      `name:"tool-http-get-allow" env:"BATON_TOOL_HTTP_GET_ALLOW" sep:"," help:"Hosts the http_get tool may read; none leaves the tool out."`
 	ToolWebhookURL   string        `name:"tool-webhook-url" env:"BATON_TOOL_WEBHOOK_URL" help:"URL the webhook (write) tool posts to; none leaves the tool out."`
 }
@@ -120,6 +122,7 @@ func (c *workerCmd) Run(ctx context.Context, env *Env) error {
 		Logger:            &log,
 		Registerer:        reg,
 		ApprovalTTL:       c.ApprovalTTL,
+		FilesURL:          c.FilesURL,
 	}
 	var mcpCfg *agent.MCPConfig
 	if c.mcpFlags.any() {
@@ -254,7 +257,7 @@ func (c *workerCmd) agentOf(alog *zerolog.Logger, reg prometheus.Registerer, onO
 		BaseURL: c.ModelBaseURL, APIKey: c.ModelAPIKey, Model: c.Model, SystemPrompt: c.SystemPrompt,
 		RequestTimeout: c.ModelTimeout, FirstByteTimeout: c.ModelFirstByte, IdleTimeout: c.ModelIdle,
 		DisableStreaming: !c.ModelStreaming, ContextTokens: c.ModelContext, MaxToolResultBytes: c.ModelToolResult,
-		MaxModelCalls: c.MaxModelCalls, Logger: alog,
+		MaxModelCalls: c.MaxModelCalls, ModelMedia: c.ModelMedia, Logger: alog,
 	}
 	if err := ac.WithDefaults().Validate(); err != nil {
 		return nil, nil, settingError(c, err)

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"os"
@@ -45,7 +46,34 @@ func npmReady(t testing.TB, dir string) {
 // answers, "fail ..." is refused (the turn fails at once), "think ..."
 // streams the model's reasoning before its answer, anything else is
 // echoed.
+// imageBytes is the size of the image the request's last user message
+// carries as an image_url part, its bytes in a data URL.
+func imageBytes(req agenttest.Request) (int, bool) {
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		m := req.Messages[i]
+		if m.Role != "user" {
+			continue
+		}
+		parts, _ := m.Content.([]any)
+		for _, p := range parts {
+			part, _ := p.(map[string]any)
+			if part["type"] != "image_url" {
+				continue
+			}
+			u, _ := part["image_url"].(map[string]any)["url"].(string)
+			_, b64, _ := strings.Cut(u, ";base64,")
+			data, err := base64.StdEncoding.DecodeString(b64)
+			return len(data), err == nil
+		}
+		return 0, false
+	}
+	return 0, false
+}
+
 func chatModel(_ int, req agenttest.Request) agenttest.Response {
+	if n, ok := imageBytes(req); ok {
+		return agenttest.Response{Content: fmt.Sprintf("I see an image of %d bytes.", n)}
+	}
 	last := req.LastUser()
 	var words int
 	if _, err := fmt.Sscanf(last, "slow %d", &words); err == nil && words > 0 {

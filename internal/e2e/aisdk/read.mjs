@@ -9,11 +9,19 @@
 // asks for with addToolApprovalResponse, and lets the Chat send that
 // answer as useChat does (sendAutomaticallyWhen).
 //
-//	node read.mjs <v6|v7> <reply|resume|stop|approval> <API root> <token> <chat id> <message id> <text> [approve|deny]
+// The files scenarios send an image with the Chat's sendMessage({files}),
+// as useChat does, then a second message (with files, the Chat resends
+// the first message's data URL; with files-last, its transport sends only
+// the new message, as the guide shows), read the chat's history back as
+// an app loads it, and load each file part's link without a token, as
+// <img> does.
+//
+//	node read.mjs <v6|v7> <reply|resume|stop|approval|files|files-last> <API root> <token> <chat id> <message id> <text> [approve|deny|<data URL>]
 import * as v6 from "ai-v6";
 import * as v7 from "ai-v7";
 
 const [version, scenario, root, token, chatId, messageId, text, decision] = process.argv.slice(2);
+const dataURL = decision;
 const ai = { v6, v7 }[version];
 // A scenario that waits for a stream that never ends fails instead.
 setTimeout(() => {
@@ -147,6 +155,58 @@ switch (scenario) {
       messages: chat.messages.length,
       tools: tools.map((p) => ({ toolCallId: p.toolCallId, state: p.state, output: p.output ?? null })),
     };
+    break;
+  }
+  case "files":
+  case "files-last": {
+    // docs/guides/use-chat.md, "Attachments": send only the new message.
+    const lastOnly = new ai.DefaultChatTransport({
+      api: `${root}/v1/chat`,
+      headers,
+      prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
+        body: { id, messages: messages.slice(-1), trigger, messageId },
+      }),
+    });
+    const finished = [];
+    let onFinished;
+    const chat = new Chat({
+      id: chatId,
+      transport: scenario === "files-last" ? lastOnly : transport,
+      onFinish: () => {
+        finished.push(true);
+        onFinished?.();
+      },
+    });
+    const requests = (n) => new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`after 60 s, ${finished.length} of ${n} requests ended; status ${chat.status}`)), 60000);
+      onFinished = () => finished.length >= n && (clearTimeout(timer), resolve());
+      onFinished();
+    });
+    await chat.sendMessage({ id: messageId, text, files: [{ type: "file", mediaType: "image/png", filename: "red square.png", url: dataURL }] });
+    await requests(1);
+    if (chat.error) throw chat.error;
+    out.sent = chat.messages[0].parts.map((p) => p.type);
+    out.first = textOf(chat.messages.at(-1));
+    await chat.sendMessage({ id: `${messageId}-2`, text: "and once more" });
+    await requests(2);
+    if (chat.error) throw chat.error;
+    out.second = textOf(chat.messages.at(-1));
+    const res = await fetch(`${root}/v1/chat/${encodeURIComponent(chatId)}`, { headers });
+    if (!res.ok) throw new Error(`history: HTTP ${res.status}`);
+    const history = await res.json();
+    out.files = [];
+    for (const m of history.messages) {
+      for (const p of m.parts) {
+        if (p.type !== "file") continue;
+        const r = await fetch(p.url); // no token, as <img> loads it
+        const bytes = Buffer.from(await r.arrayBuffer());
+        out.files.push({
+          message: m.id, mediaType: p.mediaType, filename: p.filename, status: r.status,
+          contentType: r.headers.get("content-type"), nosniff: r.headers.get("x-content-type-options"),
+          same: bytes.toString("base64") === dataURL.split(",")[1],
+        });
+      }
+    }
     break;
   }
   default:
