@@ -131,7 +131,7 @@ func (r mcpReport) waitKills() string {
 func workerKills(faults []faultRecord) []faultRecord {
 	var out []faultRecord
 	for _, f := range faults {
-		if _, crash := f.kind.crashPoint(); crash || f.kind == FaultWorkerKill || (f.kind == FaultMCPCallKill && !f.failed) {
+		if _, crash := f.kind.crashPoint(); crash || f.kind == FaultWorkerKill || ((f.kind == FaultMCPCallKill || f.kind == FaultAgentStepKill) && !f.failed) {
 			out = append(out, f)
 		}
 	}
