@@ -19,9 +19,11 @@ const (
 	// longer than a turn retries (agentDownFor): the turns that meet it
 	// end with a visible error, which must be clean.
 	FaultAgentDown FaultKind = "agent_down"
-	// FaultAgentStepKill makes the recorder hold the next step request
-	// it receives until the worker that sent it is SIGKILLed: the next
-	// claim of the turn posts the same step, with the same run id.
+	// FaultAgentStepKill makes the recorder hold the next request of a
+	// step after the first (the turn's first step, with its tool call,
+	// is journaled) until the worker that sent it is SIGKILLed: the next
+	// claim of the turn goes on from the journal and posts the same
+	// step, with the same run id, and never the first again.
 	FaultAgentStepKill FaultKind = "agent_step_kill"
 	// FaultWorkerCutAgent cuts the worker with the most steps in flight
 	// from its agent (the recorder's port) for 6–9 s, longer than it
@@ -105,15 +107,15 @@ func (in *injector) agentFault(ctx context.Context, r *faultRecord) {
 	r.note += ", then started again"
 }
 
-// agentStepKill holds the next step request any recorder receives until
-// the worker that sent it is SIGKILLed, then lets it go (it never reaches
-// the agent) and starts the worker again.
+// agentStepKill holds the next request of a step after the first that
+// any recorder receives until the worker that sent it is SIGKILLed, then
+// lets it go (it never reaches the agent) and starts the worker again.
 func (in *injector) agentStepKill(ctx context.Context, r *faultRecord) {
 	s := in.sys
 	arrived := make(chan *stepRequest, len(s.agents))
 	var releases []func()
 	for _, a := range s.agents {
-		ch, release := a.rec.arm()
+		ch, release := a.rec.arm(1)
 		releases = append(releases, release)
 		go func() {
 			select {

@@ -72,9 +72,11 @@ func (r stepRequest) openAt(t time.Time) bool {
 	return !r.arrived.After(t) && (r.end == endOpen || r.ended.After(t))
 }
 
-// stepArm is what a fault asks of the next step request: hold it until
-// release is closed. arrived receives the request.
+// stepArm is what a fault asks of the next step request of a step
+// minStep or later: hold it until release is closed. arrived receives
+// the request.
 type stepArm struct {
+	minStep int
 	arrived chan *stepRequest
 	release chan struct{}
 }
@@ -207,7 +209,11 @@ func (r *stepRecorder) serve(w http.ResponseWriter, req *http.Request) {
 	}
 	r.requests = append(r.requests, sr)
 	arm := r.armed
-	r.armed = nil
+	if arm != nil && sr.step >= arm.minStep {
+		r.armed = nil
+	} else {
+		arm = nil
+	}
 	r.mu.Unlock()
 	if arm != nil {
 		r.mu.Lock()
@@ -294,11 +300,11 @@ func (r *stepRecorder) journalStatus(ctx context.Context, sr *stepRequest) strin
 	}
 }
 
-// arm makes the recorder hold the next request it receives, and returns
-// the channel that receives it and the function that lets it go (and
-// takes the arm back if no request came).
-func (r *stepRecorder) arm() (<-chan *stepRequest, func()) {
-	a := &stepArm{arrived: make(chan *stepRequest, 1), release: make(chan struct{})}
+// arm makes the recorder hold the next request it receives of a step
+// minStep or later, and returns the channel that receives it and the
+// function that lets it go (and takes the arm back if no request came).
+func (r *stepRecorder) arm(minStep int) (<-chan *stepRequest, func()) {
+	a := &stepArm{minStep: minStep, arrived: make(chan *stepRequest, 1), release: make(chan struct{})}
 	r.mu.Lock()
 	r.armed = a
 	r.mu.Unlock()

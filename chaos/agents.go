@@ -49,7 +49,7 @@ func agentKindOf(name string) (agentKind, bool) {
 // agentSlowDelay is the pause between the words of a slow reply ("think
 // slowly"), short enough that the load's slow replies take a second or
 // two, long enough that a stop finds them streaming.
-const agentSlowDelay = 40 * time.Millisecond
+const agentSlowDelay = 60 * time.Millisecond
 
 // agentNode is one agent process, in a network namespace of its own,
 // and the recorder in front of it, where the workers post their steps.

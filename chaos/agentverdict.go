@@ -86,6 +86,9 @@ type agentReport struct {
 	// killed; Reposted were posted again afterwards with the same run
 	// id.
 	Held, Reposted int
+	// NotReposted says, of each held step not posted again, what came
+	// of its conversation instead.
+	NotReposted []string
 	// Stops asked, Stopped of them stopped a running turn, Open requests
 	// open at those, Strict stops judged by the strict bound, and
 	// Longest from a stop's answer to the close of a request open then.
@@ -207,12 +210,30 @@ func judgeAgents(reqs []stepRequest, stops []stopRecord, keys map[string]string,
 			continue
 		}
 		r.Held++
-		for _, q := range reqs {
+		var held *stepRequest
+		reposted := false
+		for i, q := range reqs {
+			if q.runID == f.runID && q.held {
+				held = &reqs[i]
+			}
 			if q.runID == f.runID && q.arrived.After(f.at) {
-				r.Reposted++
-				break
+				reposted = true
 			}
 		}
+		if reposted {
+			r.Reposted++
+			continue
+		}
+		next := "no request of its conversation followed"
+		if held != nil {
+			for _, q := range reqs {
+				if q.conversation == held.conversation && q.arrived.After(f.at) {
+					next = fmt.Sprintf("its conversation's next request was step %d of turn %s", q.step, q.turn)
+					break
+				}
+			}
+		}
+		r.NotReposted = append(r.NotReposted, fmt.Sprintf("run id %s, held at %s: %s", f.runID, f.at.Format("15:04:05.000"), next))
 	}
 
 	// Stops: a stop that found a turn running ends the requests of the

@@ -151,7 +151,7 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 		case kindDelete:
 			m.content = fmt.Sprintf("a long one %s\n/sleep 2s", id)
 		case kindStop:
-			m.stopAfter = time.Duration(300+rng.IntN(800)) * time.Millisecond
+			m.stopAfter = time.Duration(500+rng.IntN(1000)) * time.Millisecond
 		default:
 			m.content = fmt.Sprintf("hello from %s", id)
 		}

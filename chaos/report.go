@@ -84,6 +84,12 @@ func (r *Result) WriteSummary(w io.Writer) {
 	if len(healed) > 0 {
 		fmt.Fprintf(w, "\nnetwork faults (heal -> next finalized turn):\n%s\n", strings.Join(healed, "\n"))
 	}
+	if len(r.Agents.NotReposted) > 0 {
+		fmt.Fprintf(w, "\nsteps held across their worker's kill and not posted again:\n")
+		for _, e := range r.Agents.NotReposted {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
+	}
 	if len(r.Triggers.Examples) > 0 {
 		fmt.Fprintf(w, "\ntriggers in the stream that do not match the database (harmless to turns, see TriggerAudit):\n")
 		for _, e := range r.Triggers.Examples {
