@@ -216,6 +216,28 @@ func judgeMCP(calls []mcpCall, ops map[string]mcpOperation, approvals []mcpAppro
 		twice.add("key %s reached the server %d times: %s", k, len(cs), strings.Join(seen, "; "))
 	}
 	r.Keys = len(byKey)
+	// The receiver's count: every ship and refund argument is unique to
+	// the message that asked for it, so one that arrived under two keys is
+	// one action taken twice, by two calls the journal told apart (a step
+	// asked again, whose new answer named the call anew).
+	byText := map[string]map[string]bool{}
+	for _, c := range calls {
+		t := c.tool + " " + c.text
+		if byText[t] == nil {
+			byText[t] = map[string]bool{}
+		}
+		byText[t][c.metaKey] = true
+	}
+	texts := make([]string, 0, len(byText))
+	for t := range byText {
+		texts = append(texts, t)
+	}
+	slices.Sort(texts)
+	for _, t := range texts {
+		if len(byText[t]) > 1 {
+			twice.add("%s reached the server under %d keys: %s", t, len(byText[t]), strings.Join(sortedKeys(byText[t]), ", "))
+		}
+	}
 
 	for _, a := range approvals {
 		r.Asked++
