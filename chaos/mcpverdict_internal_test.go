@@ -127,3 +127,21 @@ func TestTheMCPVerdictNamesEveryBrokenRule(t *testing.T) {
 		})
 	}
 }
+
+// TestAnApprovedCallAStopKeptFromRunningKeepsItsApproval: a stop that
+// comes after a call was approved, before its turn went on, settles the
+// turn's rows and records the call as never sent; the verdict counts it,
+// and names it only when the call was denied without a stop.
+func TestAnApprovedCallAStopKeptFromRunningKeepsItsApproval(t *testing.T) {
+	t.Parallel()
+	r := keptRun()
+	r.calls = r.calls[:1]
+	r.approvals[0].opStatus, r.approvals[0].done, r.approvals[0].stopped = "denied", 0, 1
+	checks, rep := r.judge()
+	require.Zero(t, checks[CheckMCPApproval].Count, "%v", checks[CheckMCPApproval].Rows)
+	require.Equal(t, 1, rep.Stopped)
+
+	r.approvals[0].stopped = 0
+	checks, _ = r.judge()
+	require.Equal(t, []string{"approved call of ap_b (key mcp_b) was not sent after all"}, checks[CheckMCPApproval].Rows)
+}
