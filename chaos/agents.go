@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/batonhq/baton/internal/netns"
 )
 
 // agentKind is an example agent the workers can run against: served by
@@ -190,13 +188,4 @@ func (c Config) checkAgents() error {
 		}
 	}
 	return nil
-}
-
-// agentNodes are the namespaces of the agents.
-func (s *system) agentNodes() []*netns.Node {
-	out := make([]*netns.Node, len(s.agents))
-	for i, a := range s.agents {
-		out[i] = a.node
-	}
-	return out
 }
