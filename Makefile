@@ -7,7 +7,7 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean docs image image-check fuzz
+.PHONY: all build test test-deps lint fmt vet dev deps bench chaos chaos-agents clean docs image image-check fuzz
 
 all: build
 
@@ -146,6 +146,19 @@ CHAOS_ARGS ?=
 chaos: deps build
 	@./scripts/install-deps.sh chaos
 	$(GO) run ./chaos/cmd/chaos --binary $(BIN) $(CHAOS_ARGS)
+
+# The kill test with external agents, at the size of `make chaos`: the
+# workers post their steps to example agents built on frameworks, each
+# run with node behind a recorder of the test (two workers on the Mastra
+# agent over AG-UI, one on the AI SDK route; CHAOS_AGENTS names others),
+# and the agents' faults join the schedule: an agent killed, an agent
+# down past the workers' retries, a worker killed while its step is in
+# flight, a worker cut from its agent, an agent's link down or slowed.
+# Mastra is heavy: its packages are installed here, not by make test.
+CHAOS_AGENTS ?= mastra,mastra,ai-sdk
+chaos-agents: deps build
+	@./scripts/install-deps.sh chaos agents
+	$(GO) run ./chaos/cmd/chaos --binary $(BIN) --agents $(CHAOS_AGENTS) $(CHAOS_ARGS)
 
 clean:
 	rm -rf bin .baton

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -36,6 +37,10 @@ type Result struct {
 	// MCP says what the MCP server received and what became of the
 	// approvals.
 	MCP mcpReport
+	// Agents says what the external agents' recorders received, what
+	// became of the stops and what the visible errors were, in a run
+	// with agents.
+	Agents agentReport
 	// Dir holds the logs of every process; kept when the run failed.
 	Dir string
 }
@@ -68,6 +73,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{Config: cfg, Dir: dir}
 
 	out("chaos: starting PostgreSQL and its synchronous standby, %d NATS nodes, %d relays, %d workers and the API in %s\n", natsCount, relayCount, workerCount, dir)
+	if len(cfg.Agents) > 0 {
+		out("chaos: the workers post their steps to external agents: %s\n", strings.Join(cfg.Agents, ", "))
+	}
 	sys, err := startSystem(ctx, cfg, dir)
 	if sys != nil {
 		defer func() {
@@ -147,6 +155,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	mcp.Load = tally
 	res.MCP = mcp
 	v.Checks = append(v.Checks, mcpChecks...)
+	if len(cfg.Agents) > 0 {
+		errs, keys, err := loadAgentFacts(ctx, sys.pool)
+		if err != nil {
+			return nil, fmt.Errorf("judge the agents' steps: %w", err)
+		}
+		agentChecks, agents := judgeAgents(sys.agentRequests(), cl.stopsAsked(), keys, errs, res.Faults, cfg.Lease)
+		res.Agents = agents
+		v.Checks = append(v.Checks, agentChecks...)
+	}
 	// An operator's view after the run, on the same multi-host URL: the
 	// primary of the last failover, the relay's slot there, the standby
 	// synchronous, nothing that needs attention.

@@ -67,6 +67,18 @@ type Config struct {
 	Dir string
 	// Out receives progress and the summary. Defaults to os.Stdout.
 	Out io.Writer
+	// Agents, when set, makes the workers answer turns with external
+	// agents, the examples named here (AgentNames: mastra, ag-ui,
+	// ai-sdk), each run with node in a namespace of its own behind a
+	// recorder of the harness: worker i posts its steps to Agents[i mod
+	// len]. The load asks the agents for replies, slow replies, calls of
+	// the MCP server's tools and Stops, and the faults of AgentFaults
+	// join the schedule. Defaults to none: the workers run the echo
+	// agent.
+	Agents []string
+	// ExamplesDir is the repository's examples folder, where the agents
+	// are, their packages installed. Defaults to "examples".
+	ExamplesDir string
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -98,6 +110,9 @@ func (c Config) WithDefaults() Config {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
+	if c.ExamplesDir == "" {
+		c.ExamplesDir = "examples"
+	}
 	return c
 }
 
@@ -112,8 +127,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("chaos: %d messages for %d conversations: give at least one message per conversation (--messages)", c.Messages, c.Conversations)
 	case c.Faults < 0:
 		return fmt.Errorf("chaos: faults %d is negative (--faults)", c.Faults)
-	case len(c.Plan) == 0 && c.Faults < len(AllFaults):
-		return fmt.Errorf("chaos: %d faults cannot cover the %d kinds: give at least %d (--faults)", c.Faults, len(AllFaults), len(AllFaults))
+	case len(c.Plan) == 0 && c.Faults < len(c.kinds()):
+		return fmt.Errorf("chaos: %d faults cannot cover the %d kinds: give at least %d (--faults)", c.Faults, len(c.kinds()), len(c.kinds()))
 	case c.LoadDuration < 5*time.Second:
 		return fmt.Errorf("chaos: load duration %s is too short: give at least 5s (--duration)", c.LoadDuration)
 	case c.SettleTimeout <= 0:
@@ -126,5 +141,5 @@ func (c Config) Validate() error {
 	if _, err := os.Stat(c.Binary); err != nil {
 		return fmt.Errorf("chaos: binary %s: %w", c.Binary, err)
 	}
-	return nil
+	return c.checkAgents()
 }

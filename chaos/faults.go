@@ -99,7 +99,7 @@ var ExtraFaults = []FaultKind{FaultPostgresFailoverBehind}
 
 // ParseFault reads a fault kind by its name.
 func ParseFault(s string) (FaultKind, error) {
-	all := append(slices.Clone(AllFaults), ExtraFaults...)
+	all := append(append(slices.Clone(AllFaults), ExtraFaults...), AgentFaults...)
 	for _, k := range all {
 		if string(k) == s {
 			return k, nil
@@ -157,19 +157,20 @@ type scheduledFault struct {
 func planFaults(cfg Config, rng *rand.Rand) []scheduledFault {
 	kinds := slices.Clone(cfg.Plan)
 	if len(kinds) == 0 {
-		kinds = slices.Clone(AllFaults)
+		all := cfg.kinds()
+		kinds = slices.Clone(all)
 		total := 0
-		for _, w := range faultWeights {
-			total += w
+		for _, k := range all {
+			total += weightOf(k)
 		}
 		for len(kinds) < cfg.Faults {
 			r := rng.IntN(total)
-			for _, k := range AllFaults {
-				if r < faultWeights[k] {
+			for _, k := range all {
+				if r < weightOf(k) {
 					kinds = append(kinds, k)
 					break
 				}
-				r -= faultWeights[k]
+				r -= weightOf(k)
 			}
 		}
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
@@ -210,6 +211,11 @@ type faultRecord struct {
 	healed time.Time
 	// healToTurn is how long from healed to the next finalized turn.
 	healToTurn time.Duration
+	// runID is the run id of the step request an agent_step_kill held.
+	runID string
+	// began is when the injection began; took after it, it was over
+	// (a network fault's link healed at healed).
+	began time.Time
 }
 
 // fastShutdownLimit is how long a fast shutdown of PostgreSQL may take
@@ -252,7 +258,7 @@ func (in *injector) run(ctx context.Context, plan []scheduledFault, start time.T
 		}
 		began := time.Now()
 		r := in.inject(ctx, f.kind)
-		r.took = time.Since(began)
+		r.began, r.took = began, time.Since(began)
 		in.record(r)
 	}
 }
@@ -342,8 +348,11 @@ func (in *injector) inject(ctx context.Context, kind FaultKind) faultRecord {
 	case FaultStandbyPause:
 		in.pauseStandby(ctx, &r)
 	case FaultNATSPartition, FaultNATSLeaderCut, FaultRelayCutNATS, FaultRelayCutPostgres,
-		FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss:
+		FaultWorkerCutPostgres, FaultAPICutNATS, FaultLinkDelay, FaultOneWayLoss,
+		FaultWorkerCutAgent, FaultAgentLinkDelay, FaultAgentCut:
 		in.network(ctx, &r)
+	case FaultAgentKill, FaultAgentDown, FaultAgentStepKill:
+		in.agentFault(ctx, &r)
 	case FaultStreamWipe:
 		r.target = "nats*"
 		for _, n := range s.nats {

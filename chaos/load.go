@@ -29,6 +29,9 @@ const (
 	// gives, refuses or leaves to expire.
 	kindShip   = "mcp_ship"
 	kindRefund = "mcp_refund"
+	// kindStop, in a run with agents, asks for a slow reply and stops it
+	// while it streams.
+	kindStop = "stop"
 )
 
 // Decisions the load takes on a refund's approval.
@@ -60,6 +63,8 @@ type sentMessage struct {
 	// decideAfter.
 	decision    string
 	decideAfter time.Duration
+	// stopAfter is when a stop message is stopped, after it was accepted.
+	stopAfter time.Duration
 }
 
 // action is one step of the load: messages sent back to back into one
@@ -79,12 +84,15 @@ type loadPlan struct {
 	conversations []string
 	actions       []*action
 	messages      []*sentMessage
+	// agents: the workers run external agents, which the messages ask in
+	// words (agentContent) instead of the echo agent's directives.
+	agents bool
 }
 
 // planLoad lays out cfg.Messages messages over cfg.Conversations
 // conversations and cfg.LoadDuration.
 func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
-	p := &loadPlan{}
+	p := &loadPlan{agents: len(cfg.Agents) > 0}
 	for i := range cfg.Conversations {
 		p.conversations = append(p.conversations, fmt.Sprintf("conv-%04d", i))
 	}
@@ -100,6 +108,19 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 	newMessage := func(conv, kind string) *sentMessage {
 		id := fmt.Sprintf("msg-%05d", n)
 		n++
+		if p.agents {
+			// The agents have no read tool, no notify and no /fail:
+			// lookups become stops, notifies ships, failures plain
+			// messages.
+			switch kind {
+			case kindLookup:
+				kind = kindStop
+			case kindNotify:
+				kind = kindShip
+			case kindFail:
+				kind = kindPlain
+			}
+		}
 		m := &sentMessage{conversation: conv, id: id, kind: kind}
 		switch kind {
 		case kindSleep:
@@ -129,8 +150,13 @@ func planLoad(cfg Config, rng *rand.Rand) *loadPlan {
 			m.content = fmt.Sprintf("this one breaks %s\n/fail", id)
 		case kindDelete:
 			m.content = fmt.Sprintf("a long one %s\n/sleep 2s", id)
+		case kindStop:
+			m.stopAfter = time.Duration(500+rng.IntN(1000)) * time.Millisecond
 		default:
 			m.content = fmt.Sprintf("hello from %s", id)
+		}
+		if p.agents {
+			m.content = agentContent(kind, id)
 		}
 		p.messages = append(p.messages, m)
 		return m
@@ -203,6 +229,16 @@ type client struct {
 	// the status it said; approvals counts what the load did.
 	decided   map[string]string
 	approvals approvalTally
+	// stops are the stops the load asked for.
+	stops []stopRecord
+}
+
+// stopRecord is a stop the load asked for: sent, answered, and whether
+// the API said it stopped a running turn.
+type stopRecord struct {
+	conversation   string
+	sent, answered time.Time
+	stopped        bool
 }
 
 // approvalTally counts what the load did with refunds' approvals.
@@ -341,6 +377,9 @@ func (c *client) run(ctx context.Context, a *action) {
 		if m.kind == kindRefund && accepted {
 			c.approvers.Go(func() { c.decide(ctx, m) })
 		}
+		if m.kind == kindStop && accepted {
+			c.stop(ctx, m)
+		}
 	}
 	switch a.retry {
 	case 1:
@@ -418,6 +457,9 @@ func (c *client) drive(ctx context.Context, p *loadPlan, clients int, faultsDone
 			if n%4 == 3 {
 				// The MCP faults wait for a call to hold or drop.
 				m.kind, m.content = kindShip, fmt.Sprintf("ship the order of %s\n/tool %s s-%s", id, mcpShipTool, id)
+			}
+			if p.agents {
+				m.content = agentContent(m.kind, id)
 			}
 			p.messages = append(p.messages, m)
 			work <- &action{conversation: conv, messages: []*sentMessage{m}}
@@ -573,4 +615,59 @@ func (c *client) endApprovals() (approvalTally, map[string]string) {
 		decided[k] = v
 	}
 	return c.approvals, decided
+}
+
+// agentContent is a message of the load in the words the example agents
+// understand (their scripts: "call <tool> <JSON>", "think slowly").
+func agentContent(kind, id string) string {
+	switch kind {
+	case kindSleep:
+		return "think slowly about " + id
+	case kindShip:
+		return fmt.Sprintf(`call %s {"text":"s-%s"}`, mcpShipTool, id)
+	case kindRefund:
+		return fmt.Sprintf(`call %s {"text":"r-%s"}`, mcpRefundTool, id)
+	case kindStop:
+		return "think slowly, then be stopped: " + id
+	case kindDelete:
+		return "think slowly about a long one, " + id
+	default:
+		return "hello from " + id
+	}
+}
+
+// stop stops the turn of m once it has streamed a while: POST
+// /v1/conversations/{cid}/stop, whose answer says whether a turn was
+// running.
+func (c *client) stop(ctx context.Context, m *sentMessage) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(m.stopAfter):
+	}
+	sent := time.Now()
+	status, body := c.do(ctx, http.MethodPost, "/v1/conversations/"+m.conversation+"/stop", nil, nil)
+	answered := time.Now()
+	switch {
+	case status == http.StatusOK:
+		var res struct {
+			Stopped bool `json:"stopped"`
+		}
+		_ = json.Unmarshal([]byte(body), &res)
+		c.mu.Lock()
+		c.stops = append(c.stops, stopRecord{conversation: m.conversation, sent: sent, answered: answered, stopped: res.Stopped})
+		c.mu.Unlock()
+	case status == http.StatusNotFound && c.isDeleted(m.conversation):
+	default:
+		if ctx.Err() == nil {
+			c.unexpected("POST stop of %s: status %d: %.200s", m.conversation, status, body)
+		}
+	}
+}
+
+// stopsAsked returns the stops the load asked for.
+func (c *client) stopsAsked() []stopRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.stops)
 }

@@ -32,8 +32,9 @@ type mcpApproval struct {
 	key, opStatus    string
 	created, decided time.Time
 	// open counts the turn's outbox rows not done or error; done those
-	// done (answered by a reply).
-	open, done int
+	// done (answered by a reply); stopped those a stop settled (done, and
+	// answered by no turn).
+	open, done, stopped int
 }
 
 // loadMCP reads the MCP operations (by idempotency key) and every
@@ -63,7 +64,8 @@ func loadMCP(ctx context.Context, pool *pgxpool.Pool) (map[string]mcpOperation, 
 		SELECT a.public_id, a.status, coalesce(o.idempotency_key, ''), coalesce(o.status, ''), a.created_at,
 			coalesce(a.decided_at, now() + interval '100 years'),
 			(SELECT count(*) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids) AND x.status NOT IN ('done', 'error')),
-			(SELECT count(*) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids) AND x.status = 'done')
+			(SELECT count(*) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids) AND x.status = 'done' AND x.stopped_at IS NULL),
+			(SELECT count(*) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids) AND x.stopped_at IS NOT NULL)
 		FROM approvals a LEFT JOIN operations o ON o.id = a.operation_id
 		ORDER BY a.id`)
 	if err != nil {
@@ -71,7 +73,7 @@ func loadMCP(ctx context.Context, pool *pgxpool.Pool) (map[string]mcpOperation, 
 	}
 	for rows.Next() {
 		var a mcpApproval
-		if err := rows.Scan(&a.id, &a.status, &a.key, &a.opStatus, &a.created, &a.decided, &a.open, &a.done); err != nil {
+		if err := rows.Scan(&a.id, &a.status, &a.key, &a.opStatus, &a.created, &a.decided, &a.open, &a.done, &a.stopped); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
@@ -96,9 +98,10 @@ type mcpReport struct {
 
 	// Approvals by their end: Approved, of which Ran (the call arrived
 	// once and completed), Cut (it arrived once and its outcome was lost
-	// to a fault) and NotSent (the turn failed before it was sent);
-	// Denied, Expired and Pending.
-	Asked, Approved, Ran, Cut, NotSent, Denied, Expired, Pending int
+	// to a fault), NotSent (the turn failed before it was sent) and
+	// Stopped (a stop came before the turn went on: never sent); Denied,
+	// Expired and Pending.
+	Asked, Approved, Ran, Cut, NotSent, Stopped, Denied, Expired, Pending int
 	// WaitKills are worker kills while at least one approval waited, of
 	// Kills; MostWaiting the most approvals waiting at one kill.
 	WaitKills, Kills, MostWaiting int
@@ -117,8 +120,8 @@ func (r mcpReport) journal() string {
 }
 
 func (r mcpReport) approvals() string {
-	return fmt.Sprintf("%d asked: %d approved (%d ran once, %d cut off in flight, %d not sent: turn failed first), %d denied, %d expired, %d pending; the load found %d, approved %d, denied %d, left %d to expire, %d too late, %d never showed",
-		r.Asked, r.Approved, r.Ran, r.Cut, r.NotSent, r.Denied, r.Expired, r.Pending,
+	return fmt.Sprintf("%d asked: %d approved (%d ran once, %d cut off in flight, %d not sent: turn failed first, %d not sent: turn stopped first), %d denied, %d expired, %d pending; the load found %d, approved %d, denied %d, left %d to expire, %d too late, %d never showed",
+		r.Asked, r.Approved, r.Ran, r.Cut, r.NotSent, r.Stopped, r.Denied, r.Expired, r.Pending,
 		r.Load.Found, r.Load.Approved, r.Load.Denied, r.Load.Left, r.Load.Late, r.Load.Unseen)
 }
 
@@ -131,7 +134,7 @@ func (r mcpReport) waitKills() string {
 func workerKills(faults []faultRecord) []faultRecord {
 	var out []faultRecord
 	for _, f := range faults {
-		if _, crash := f.kind.crashPoint(); crash || f.kind == FaultWorkerKill || (f.kind == FaultMCPCallKill && !f.failed) {
+		if _, crash := f.kind.crashPoint(); crash || f.kind == FaultWorkerKill || ((f.kind == FaultMCPCallKill || f.kind == FaultAgentStepKill) && !f.failed) {
 			out = append(out, f)
 		}
 	}
@@ -216,6 +219,28 @@ func judgeMCP(calls []mcpCall, ops map[string]mcpOperation, approvals []mcpAppro
 		twice.add("key %s reached the server %d times: %s", k, len(cs), strings.Join(seen, "; "))
 	}
 	r.Keys = len(byKey)
+	// The receiver's count: every ship and refund argument is unique to
+	// the message that asked for it, so one that arrived under two keys is
+	// one action taken twice, by two calls the journal told apart (a step
+	// asked again, whose new answer named the call anew).
+	byText := map[string]map[string]bool{}
+	for _, c := range calls {
+		t := c.tool + " " + c.text
+		if byText[t] == nil {
+			byText[t] = map[string]bool{}
+		}
+		byText[t][c.metaKey] = true
+	}
+	texts := make([]string, 0, len(byText))
+	for t := range byText {
+		texts = append(texts, t)
+	}
+	slices.Sort(texts)
+	for _, t := range texts {
+		if len(byText[t]) > 1 {
+			twice.add("%s reached the server under %d keys: %s", t, len(byText[t]), strings.Join(sortedKeys(byText[t]), ", "))
+		}
+	}
 
 	for _, a := range approvals {
 		r.Asked++
@@ -229,6 +254,12 @@ func judgeMCP(calls []mcpCall, ops map[string]mcpOperation, approvals []mcpAppro
 		switch a.status {
 		case "approved":
 			r.Approved++
+			if a.stopped > 0 && a.opStatus == "denied" && n == 0 {
+				// A stop came after the decision, before the turn went
+				// on: the call is recorded as never sent, and was not.
+				r.Stopped++
+				break
+			}
 			switch {
 			case a.opStatus == "completed" && n == 0:
 				kept.add("approved call of %s (key %s) is journaled completed but never reached the server", a.id, a.key)

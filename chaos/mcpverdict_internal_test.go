@@ -90,6 +90,12 @@ func TestTheMCPVerdictNamesEveryBrokenRule(t *testing.T) {
 			again.arrived = again.arrived.Add(time.Second)
 			r.calls = append(r.calls, again)
 		}, CheckMCPTwice, "key mcp_a reached the server 2 times"},
+		{"one ship sent again under a new key", func(r *mcpRun) {
+			again := r.calls[0]
+			again.metaKey, again.headerKey, again.arrived = "mcp_f", "mcp_f", again.arrived.Add(time.Second)
+			r.calls = append(r.calls, again)
+			r.ops["mcp_f"] = mcpOperation{status: "completed", started: again.arrived.Add(-time.Millisecond)}
+		}, CheckMCPTwice, "ship s-1 reached the server under 2 keys: mcp_a, mcp_f"},
 		{"a call without its header key", func(r *mcpRun) { r.calls[0].headerKey = "" }, CheckMCPTwice, `with the _meta key "mcp_a" and the Idempotency-Key header ""`},
 		{"a call that arrives before its journal", func(r *mcpRun) { r.calls[0].journal = "" }, CheckMCPJournal, "(key mcp_a) arrived with no operation journaled"},
 		{"a call started after it arrived", func(r *mcpRun) {
@@ -120,4 +126,22 @@ func TestTheMCPVerdictNamesEveryBrokenRule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAnApprovedCallAStopKeptFromRunningKeepsItsApproval: a stop that
+// comes after a call was approved, before its turn went on, settles the
+// turn's rows and records the call as never sent; the verdict counts it,
+// and names it only when the call was denied without a stop.
+func TestAnApprovedCallAStopKeptFromRunningKeepsItsApproval(t *testing.T) {
+	t.Parallel()
+	r := keptRun()
+	r.calls = r.calls[:1]
+	r.approvals[0].opStatus, r.approvals[0].done, r.approvals[0].stopped = "denied", 0, 1
+	checks, rep := r.judge()
+	require.Zero(t, checks[CheckMCPApproval].Count, "%v", checks[CheckMCPApproval].Rows)
+	require.Equal(t, 1, rep.Stopped)
+
+	r.approvals[0].stopped = 0
+	checks, _ = r.judge()
+	require.Equal(t, []string{"approved call of ap_b (key mcp_b) was not sent after all"}, checks[CheckMCPApproval].Rows)
 }

@@ -85,6 +85,27 @@ func (in *injector) network(ctx context.Context, r *faultRecord) {
 		rules = netns.Loss(50, "in")
 		hold = time.Duration(6000+in.rng.IntN(4000)) * time.Millisecond
 		r.note = "50% of incoming packets dropped, none outgoing"
+	case FaultWorkerCutAgent:
+		// Longer than the workers wait for an agent's first byte or its
+		// next event: the steps in flight time out and are posted again.
+		hold = time.Duration(6000+in.rng.IntN(3000)) * time.Millisecond
+		node = s.busiestAgentWorker().node
+		var ports []int
+		for _, a := range s.agents {
+			ports = append(ports, a.rec.port())
+		}
+		rules = netns.CutFrom([]string{s.net.HostIP()}, ports...)
+		r.note = "a worker with steps in flight cut from its agent"
+	case FaultAgentLinkDelay:
+		node = s.agents[in.rng.IntN(len(s.agents))].node
+		rules = netns.Loss(5, "in", "out")
+		delay = linkDelay
+		hold = time.Duration(8000+in.rng.IntN(4000)) * time.Millisecond
+		r.note = fmt.Sprintf("every packet of an agent held %s each way and 5%% dropped both ways", linkDelay)
+	case FaultAgentCut:
+		node = s.agents[in.rng.IntN(len(s.agents))].node
+		linkDown = true
+		r.note = "an agent's link down"
 	}
 	r.target = node.Name
 	var err error

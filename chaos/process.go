@@ -26,6 +26,8 @@ type process struct {
 	logPath string
 	// node is the network namespace the process runs in.
 	node *netns.Node
+	// baseEnv is added to the environment of every start.
+	baseEnv []string
 
 	mu         sync.Mutex
 	cmd        *exec.Cmd
@@ -73,7 +75,7 @@ func (p *process) startLocked(env []string) error {
 		bin, args = p.node.Command(p.bin, p.args...)
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), p.baseEnv...), env...)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	// Its own process group, so a terminal's Ctrl-C reaches only the

@@ -30,7 +30,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("conversations", "%d (%d deleted mid-turn)", r.Conversations, r.Deleted)
 	row("messages sent", "%d: %d accepted, %d refused (conversation deleted), %d posted more than once", r.Sent, r.Accepted, r.Rejected, r.Retried)
 	row("API answers retried", "%s", formatStatuses(r.AnswersRetried))
-	row("turns", "%d replied, %d failed visibly", v.RepliedTurns, v.FailedTurns)
+	row("turns", "%d replied, %d failed visibly, %d messages settled by a stop while they waited", v.RepliedTurns, v.FailedTurns, v.SettledByStop)
 	row("messages stored", "%d user, %d assistant, %d error", v.UserMessages, v.Replies, v.Errors)
 	row("runs", "%s", formatRuns(v.Runs))
 	row("side effects (notify)", "%d", v.SideEffects)
@@ -38,9 +38,15 @@ func (r *Result) WriteSummary(w io.Writer) {
 	row("MCP journal", "%s", r.MCP.journal())
 	row("approvals", "%s", r.MCP.approvals())
 	row("kills while approvals waited", "%s", r.MCP.waitKills())
+	if len(r.Config.Agents) > 0 {
+		row("agents", "%s", strings.Join(r.Config.Agents, ", "))
+		row("agent step requests", "%s", r.Agents.requests())
+		row("stops", "%s", r.Agents.stops())
+		row("errors", "%s", r.Agents.errors())
+	}
 	row("faults injected", "%d", len(r.Faults))
-	for _, k := range append(slices.Clone(AllFaults), ExtraFaults...) {
-		if slices.Contains(ExtraFaults, k) && counts[k] == 0 {
+	for _, k := range append(append(slices.Clone(AllFaults), ExtraFaults...), AgentFaults...) {
+		if (slices.Contains(ExtraFaults, k) || slices.Contains(AgentFaults, k) && len(r.Config.Agents) == 0) && counts[k] == 0 {
 			continue
 		}
 		if _, ok := k.crashPoint(); ok {
@@ -77,6 +83,12 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	if len(healed) > 0 {
 		fmt.Fprintf(w, "\nnetwork faults (heal -> next finalized turn):\n%s\n", strings.Join(healed, "\n"))
+	}
+	if len(r.Agents.NotReposted) > 0 {
+		fmt.Fprintf(w, "\nsteps held across their worker's kill and not posted again:\n")
+		for _, e := range r.Agents.NotReposted {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
 	}
 	if len(r.Triggers.Examples) > 0 {
 		fmt.Fprintf(w, "\ntriggers in the stream that do not match the database (harmless to turns, see TriggerAudit):\n")

@@ -71,7 +71,10 @@ type system struct {
 	workers   []*process
 	api       *process
 	// mcp is the MCP server whose tools the workers' turns call.
-	mcp    *mcpServer
+	mcp *mcpServer
+	// agents are the external agents the workers post their steps to,
+	// when the run has agents (Config.Agents).
+	agents []*agentNode
 	apiURL string
 	token  string
 }
@@ -200,14 +203,21 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	if s.mcp, err = startMCPServer(s.net.HostIP(), s.pool, cfg.Seed); err != nil {
 		return s, err
 	}
+	if err := s.prepareAgents(ctx); err != nil {
+		return s, err
+	}
 	for i := range workerCount {
 		args := append([]string{"worker"}, common...)
 		args = append(args, streamFlags...)
 		args = append(args, "--consumer", "turns", "--lease", cfg.Lease.String(), "--ack-wait", cfg.Lease.String(),
-			"--debounce", "50ms", "--max-attempts", "3", "--concurrency", "32",
+			"--debounce", "50ms", "--max-attempts", "3", "--concurrency", "32")
+		if len(cfg.Agents) > 0 {
+			args = append(args, s.agentWorkerFlags(i)...)
+		} else {
 			// The load sends /sleep, /fail and /tool lines, some of them
 			// for the tools of the MCP server.
-			"--echo-directives")
+			args = append(args, "--echo-directives")
+		}
 		args = append(args, s.mcpFlags()...)
 		p := newProcess(fmt.Sprintf("worker%d", i+1), cfg.Binary, filepath.Join(s.logs, fmt.Sprintf("worker%d.log", i+1)), args...)
 		if p.node, err = s.net.Add(p.name); err != nil {
@@ -228,12 +238,18 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 	}
 	apiAddr := fmt.Sprintf("%s:%d", apiNode.IP, ports[2*natsCount+relayCount])
 	s.apiURL = "http://" + apiAddr
-	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"),
-		"api", "--database-url", s.procDBURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
+	apiArgs := []string{"api", "--database-url", s.procDBURL, "--nats-url", s.natsURL, "--http-addr", apiAddr, "--replicas", "3", "--log-format", "json",
 		// One user sends the whole load, far above what one person types.
 		"--messages-per-minute", "1000000", "--message-burst", "100000",
 		// The one user holds the load's live event streams, three dozen.
-		"--max-streams-per-user", "64")
+		"--max-streams-per-user", "64"}
+	if len(cfg.Agents) > 0 {
+		// The agents check the workers' tokens against the keys the API
+		// serves.
+		_, public := s.agentKeyFiles()
+		apiArgs = append(apiArgs, "--agent-public-key", public)
+	}
+	s.api = newProcess("api", cfg.Binary, filepath.Join(s.logs, "api.log"), apiArgs...)
 	s.api.node = apiNode
 	if err := s.api.supervise(); err != nil {
 		return s, err
@@ -242,6 +258,9 @@ func startSystem(ctx context.Context, cfg Config, dir string) (*system, error) {
 		return s, err
 	}
 	if _, err := s.activeRelay(ctx); err != nil {
+		return s, err
+	}
+	if err := s.startAgents(); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -416,13 +435,16 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (fl
 	return 0, fmt.Errorf("%s not in %s", name, url)
 }
 
-// processes lists every baton process.
+// processes lists every process of Baton's and the agents.
 func (s *system) processes() []*process {
 	var out []*process
 	out = append(out, s.relays...)
 	out = append(out, s.workers...)
 	if s.api != nil {
 		out = append(out, s.api)
+	}
+	for _, a := range s.agents {
+		out = append(out, a.process)
 	}
 	return out
 }
@@ -472,6 +494,9 @@ func (s *system) stop() {
 	wg.Wait()
 	if s.mcp != nil {
 		s.mcp.close()
+	}
+	for _, a := range s.agents {
+		a.rec.close()
 	}
 	if s.pool != nil {
 		s.pool.Close()

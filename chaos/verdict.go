@@ -37,7 +37,10 @@ type Verdict struct {
 	UserMessages, Replies, Errors int
 	RepliedTurns, FailedTurns     int
 	SideEffects                   int
-	Runs                          map[string]int
+	// SettledByStop are rows a stop settled while they waited: done,
+	// answered by no turn.
+	SettledByStop int
+	Runs          map[string]int
 	// LongestRecovery is the longest time from a fault to the next
 	// finalized turn, and the fault.
 	LongestRecovery      time.Duration
@@ -104,19 +107,22 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 		attempts      int
 		replies, errs []string
 		emptyError    bool
+		// stopped: a stop settled the row while it waited for a turn;
+		// no turn answers it.
+		stopped bool
 	}
 	rows := map[int64]*outboxRow{}
 	byMessage := map[string][]*outboxRow{}
 	// The client knows conversations and messages by their own ids.
 	q, err := pool.Query(ctx, `
-		SELECT o.id, c.public_id, coalesce(m.public_id, m.id), o.status, o.attempts
+		SELECT o.id, c.public_id, coalesce(m.public_id, m.id), o.status, o.attempts, o.stopped_at IS NOT NULL
 		FROM agent_outbox o JOIN messages m ON m.id = o.message_id JOIN conversations c ON c.id = o.conversation_id`)
 	if err != nil {
 		return nil, err
 	}
 	for q.Next() {
 		r := &outboxRow{}
-		if err := q.Scan(&r.id, &r.conversation, &r.message, &r.status, &r.attempts); err != nil {
+		if err := q.Scan(&r.id, &r.conversation, &r.message, &r.status, &r.attempts, &r.stopped); err != nil {
 			q.Close()
 			return nil, err
 		}
@@ -167,7 +173,10 @@ func judge(ctx context.Context, pool *pgxpool.Pool, plan *loadPlan, cl *client, 
 		outcomes := len(r.replies) + len(r.errs)
 		switch r.status {
 		case "done":
-			if len(r.replies) == 0 {
+			if r.stopped {
+				v.SettledByStop++
+			}
+			if len(r.replies) == 0 && !r.stopped {
 				v.check(CheckDoneNoReply).add("outbox %d (message %s, conversation %s) is done with no assistant reply", r.id, r.message, r.conversation)
 			}
 		case "error":

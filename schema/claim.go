@@ -287,7 +287,14 @@ agg AS (
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id),
 	conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false), coalesce(conv.gone, false),
 	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
-	agg.ids, agg.trace_parents, agg.turn_id, agg.reply_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.reply_id, agg.attempts, agg.generation, agg.epoch,
+	-- Steps journaled under the turn count however its rows became pending
+	-- again: a turn handed back for a trigger of another row, with no newer
+	-- message, is claimed over the same rows as the same turn, and must go
+	-- on from its journal, never ask for an answered step again.
+	coalesce(agg.journaled OR EXISTS (SELECT 1 FROM agent_steps s
+		WHERE s.conversation_id = agg.conversation_id AND s.turn_id = agg.turn_id AND s.epoch = agg.epoch), false),
+	conv.owner_name, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
 	coalesce(conv.double_texting, ''), (SELECT f.max_rows FROM free f WHERE f.conversation_id = r.conversation_id AND f.run_id = r.run_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,

@@ -235,3 +235,39 @@ func TestClaimTurnNeverTakesRowsAnotherRunFinishedWhileItWaited(t *testing.T) {
 	require.Equal(t, []string{"done"}, b.statuses(t, "c"))
 	require.Equal(t, 1, testenv.Count(t, b.db.Pool, `SELECT count(*) FROM messages WHERE role = 'assistant'`))
 }
+
+// TestATurnHandedBackAfterAJournaledStepGoesOnFromItsJournal: a turn whose
+// first step (a call of a tool) is journaled, handed back before the call
+// was sent (a trigger of another row made the worker supersede it, and no
+// newer message is pending), is claimed again over the same rows as the
+// same turn, and the claim says that its steps are journaled, so that the
+// worker goes on from the journal. A claim that said otherwise made the
+// worker post the answered step again and run the calls of the agent's new
+// answer, under new call ids: a write sent twice.
+func TestATurnHandedBackAfterAJournaledStepGoesOnFromItsJournal(t *testing.T) {
+	t.Parallel()
+	b := setupTurns(t)
+	ctx := context.Background()
+	b.conversation(t, "c")
+	b.send(t, "c", "m1", "ship it")
+	first, err := b.claim(t, "c", "run-0", time.Minute)
+	require.NoError(t, err)
+	require.False(t, first.Journaled)
+	require.NoError(t, schema.RecordStep(ctx, b.db.Pool, schema.StepParams{ConversationID: first.ConversationID, RunID: "run-0",
+		TurnID: first.TurnID, Epoch: first.Epoch, Step: 0, Answer: []byte(`{"calls": [{"id": "call_1", "tool": "ship"}]}`)}))
+	var handedBack bool
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		handedBack, err = schema.SupersedeTx(ctx, tx, first.ConversationID, "run-0", first.OutboxIDs, false)
+		return err
+	}))
+	require.True(t, handedBack, "no write started: the turn is handed back")
+
+	again, err := b.claim(t, "c", "run-1", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, first.OutboxIDs, again.OutboxIDs)
+	require.Equal(t, first.TurnID, again.TurnID, "the same rows make the same turn")
+	require.True(t, again.Journaled, "the claim of a turn with journaled steps says so, whatever handed it back")
+	steps, err := schema.LoadSteps(ctx, b.db.Pool, again.ConversationID, again.TurnID, again.Epoch)
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "the step the first run journaled")
+}

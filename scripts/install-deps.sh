@@ -18,6 +18,12 @@
 #   tour      curl, ip and psql (packages curl, iproute2, postgresql-client),
 #             with which the test of the README's tour runs its commands in
 #             a network of its own
+#   agents    Node.js and npm as for node, then the npm packages of the
+#             example agents that the kill test with external agents runs
+#             (make chaos-agents), each from its lockfile, again only when
+#             the lockfile changed: examples/agent-mastra (Mastra over
+#             AG-UI, heavy: make test does not install it),
+#             examples/agent-ai-sdk and examples/agent-ag-ui
 # NATS runs embedded and needs nothing here.
 set -euo pipefail
 
@@ -47,7 +53,11 @@ have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1
 }
 
+# Example agents whose npm packages the agents component installs.
+AGENT_NPM_DIRS=(examples/agent-mastra examples/agent-ai-sdk examples/agent-ag-ui)
+
 missing=()
+npm_dirs=()
 for want in "${@:-postgres}"; do
   case "$want" in
     postgres) have_postgres || missing+=(postgresql) ;;
@@ -57,10 +67,28 @@ for want in "${@:-postgres}"; do
     node) have_node || missing+=(nodejs npm) ;;
     psycopg) have_psycopg || missing+=(python3-psycopg) ;;
     tour) have_tour || missing+=(curl iproute2 postgresql-client) ;;
-    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, psycopg, tour)" >&2; exit 2 ;;
+    agents) have_node || missing+=(nodejs npm); npm_dirs+=("${AGENT_NPM_DIRS[@]}") ;;
+    *) echo "install-deps: unknown component '$want' (use postgres, chromium, prometheus, chaos, node, psycopg, tour, agents)" >&2; exit 2 ;;
   esac
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+# install_npm installs the npm packages of each folder from its lockfile
+# (npm ci, with the folder's own .npmrc), unless they are installed from
+# that lockfile already.
+install_npm() {
+  local root d
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for d in "${npm_dirs[@]}"; do
+    [ "$root/$d/node_modules/.package-lock.json" -nt "$root/$d/package-lock.json" ] && continue
+    echo "installing the npm packages of $d"
+    (cd "$root/$d" && npm ci --no-audit --no-fund --loglevel=error) || exit 1
+  done
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  install_npm
+  exit 0
+fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "missing: ${missing[*]}. Install them with your package manager (PostgreSQL 14 or later), or set BATON_DATABASE_URL / BATON_TEST_DATABASE_URL" >&2
@@ -74,3 +102,4 @@ $SUDO apt-get update -qq
 # (Baton runs its own, with logical replication on) and the prometheus
 # package from starting its server (the tests need only promtool).
 DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_npm

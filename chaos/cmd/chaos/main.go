@@ -37,8 +37,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Clients, "clients", chaos.DefaultClients, "concurrent HTTP clients")
 	fs.DurationVar(&cfg.Lease, "lease", chaos.DefaultLease, "workers' lease and ack wait")
 	fs.StringVar(&cfg.Dir, "dir", "", "folder for data and logs; default a temporary one, removed when the run passes")
+	var agents string
+	fs.StringVar(&agents, "agents", "", "external agents the workers post their steps to, one per worker in turn, such as mastra,mastra,ai-sdk (one of "+strings.Join(chaos.AgentNames(), ", ")+"); default none: the echo agent")
+	fs.StringVar(&cfg.ExamplesDir, "examples", "examples", "the repository's examples folder, where the agents are")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if agents != "" {
+		for _, name := range strings.Split(agents, ",") {
+			cfg.Agents = append(cfg.Agents, strings.TrimSpace(name))
+		}
 	}
 	if plan != "" {
 		for _, name := range strings.Split(plan, ",") {
