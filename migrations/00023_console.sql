@@ -95,6 +95,7 @@ INSERT INTO baton_grants (object, role, privilege, columns, reason) VALUES
   ('group_dead_letters', 'baton_console', 'UPDATE', '{resolved_at,resolution,retry_requested_at,retry_requested_by}',
    'DiscardDeadLetterTx, RequestDeadLetterRetryTx'),
   ('group_inbox', 'baton_console', 'INSERT', NULL, 'DiscardDeadLetterTx records the event as applied, so no replay brings it back'),
+  ('group_inbox', 'baton_console', 'SELECT', '{group_name,event_id}', 'DiscardDeadLetterTx: ON CONFLICT (group_name, event_id) reads the key'),
   ('relay_slot_progress', 'baton_console', 'SELECT', NULL, 'the overview''s relay: since when the slot stood still'),
   ('agent_endpoints', 'baton_console', 'SELECT', NULL, 'the overview lists the external agents'),
   ('mcp_servers', 'baton_console', 'SELECT', NULL, 'the overview lists the MCP servers'),
