@@ -45,6 +45,8 @@ type chartLine struct {
 type chartTick struct {
 	X, Y  float64
 	Label string
+	// Anchor is the label's text-anchor: start, middle or end.
+	Anchor string
 }
 
 type chartLegend struct {
@@ -75,7 +77,7 @@ func niceMax(v float64) float64 {
 func (c *chart) axes(minutes []schema.MinuteStat, yMax float64, label func(float64) string) {
 	h := c.PlotBottom - chartTop
 	for _, f := range []float64{0, 0.5, 1} {
-		c.YTicks = append(c.YTicks, chartTick{X: c.PlotLeft - 4, Y: c.PlotBottom - f*h, Label: label(f * yMax)})
+		c.YTicks = append(c.YTicks, chartTick{X: c.PlotLeft - 4, Y: c.PlotBottom - f*h, Label: label(f * yMax), Anchor: "end"})
 	}
 	n := len(minutes)
 	if n == 0 {
@@ -83,8 +85,13 @@ func (c *chart) axes(minutes []schema.MinuteStat, yMax float64, label func(float
 	}
 	slot := (c.PlotRight - c.PlotLeft) / float64(n)
 	for i, m := range minutes {
-		if i%15 == 0 || i == n-1 {
-			c.XTicks = append(c.XTicks, chartTick{X: round1(c.PlotLeft + slot*(float64(i)+0.5)), Y: float64(c.Height) - 4, Label: m.Start.UTC().Format("15:04")})
+		switch {
+		case i == 0:
+			c.XTicks = append(c.XTicks, chartTick{X: c.PlotLeft, Y: float64(c.Height) - 4, Label: m.Start.UTC().Format("15:04"), Anchor: "start"})
+		case i == n-1:
+			c.XTicks = append(c.XTicks, chartTick{X: c.PlotRight, Y: float64(c.Height) - 4, Label: m.Start.UTC().Format("15:04"), Anchor: "end"})
+		case i%15 == 0:
+			c.XTicks = append(c.XTicks, chartTick{X: round1(c.PlotLeft + slot*(float64(i)+0.5)), Y: float64(c.Height) - 4, Label: m.Start.UTC().Format("15:04"), Anchor: "middle"})
 		}
 	}
 }
