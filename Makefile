@@ -7,7 +7,7 @@ PKGS      := ./...
 # The race detector needs cgo.
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean docs image
+.PHONY: all build test test-deps lint fmt vet dev deps bench chaos clean docs image image-check fuzz
 
 all: build
 
@@ -34,8 +34,43 @@ test-deps:
 		(cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
 	done
 
+# The binaries the tests run as real processes are built once for the
+# run, before it, into bin/test, and named to the tests in variables
+# (internal/testenv): cmd/baton with the race detector, without it (for
+# the tests that run dozens of processes: chaos, the deployments, the
+# tour) and with the chaosbroken tag (the worker the kill test must fail).
+# Built in the same run as the tests, they are the sources under test.
+# Four parallel tests per package instead of one per CPU: most of them
+# wait (for leases, retries, processes, a model's Retry-After) far more
+# than they compute: agent's and consumer's tests, for two, took a fifth
+# to a half less time on two cores with four at a time.
+TEST_BIN := $(abspath bin/test)
 test: test-deps
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) build -race -o $(TEST_BIN)/baton-race ./cmd/baton
+	$(GO) build -o $(TEST_BIN)/baton ./cmd/baton
+	$(GO) build -tags chaosbroken -o $(TEST_BIN)/baton-chaosbroken ./cmd/baton
+	BATON_TEST_RACE_BINARY=$(TEST_BIN)/baton-race \
+	BATON_TEST_PLAIN_BINARY=$(TEST_BIN)/baton \
+	BATON_TEST_CHAOSBROKEN_BINARY=$(TEST_BIN)/baton-chaosbroken \
+		$(GO) test -race -count=1 -parallel 4 -timeout 20m $(PKGS)
+
+# Every fuzz target (each Fuzz function of a package's tests), fuzzed in
+# turn for FUZZTIME each, one package at a time: the decoders of the relay
+# and the events, the ids, and the API's front door, whose targets send
+# any body and any path id to every route and require that nothing is a
+# 500, that a refusal writes nothing, and that the server goes on serving.
+# `make test` runs only their seeds (each defect found before is one). A
+# failure leaves its input in the package's testdata/fuzz, where `make
+# test` runs it from then on. FUZZTIME=5m fuzzes longer.
+FUZZTIME ?= 30s
+FUZZ_PKGS = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u)
+fuzz: test-deps
+	@for pkg in $(FUZZ_PKGS); do \
+		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "fuzz $$pkg $$target for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
 
 # The checks CI runs before the tests, each its own step. Staticcheck is
 # pinned by the tool line in go.mod. It checks the default build and the
@@ -72,6 +107,15 @@ IMAGE   ?= baton:$(VERSION)
 image:
 	$(GO) run ./deploy/image/make-image --version $(VERSION) --tag $(IMAGE) --out bin/baton-image.tar
 
+# The image a release ships, checked: `make image`, then the test that
+# reads its tarball (what it holds, its user, its static binary running
+# as that user and printing its version). `make test` checks the image's
+# layout on a small stand-in binary instead: a static build of all of
+# Baton takes minutes on a cold build cache. CI runs both.
+image-check: image
+	BATON_IMAGE_TARBALL=$(abspath bin/baton-image.tar) BATON_IMAGE_VERSION=$(VERSION) \
+		$(GO) test -race -count=1 -run 'TestTheReleaseImage' ./deploy/image/
+
 dev: deps build
 	./$(BIN) dev
 
@@ -84,12 +128,14 @@ dev: deps build
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
 # processes that limit a figure.
 BENCH_REPORT ?= bin/bench-report.jsonl
-BENCH_ARGS   ?= -bench 'BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer'
+# The names are anchored: ./agent/ also holds BenchmarkTurnsOfAGrowingConversation,
+# an in-process benchmark that `make bench` leaves out.
+BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep)$$'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
 	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
-		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./relay/ ./schema/ || status=$$?; \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./agent/ ./relay/ ./schema/ || status=$$?; \
 	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
 	exit $$status
 

@@ -55,7 +55,7 @@ type response struct {
 	Raw    string
 }
 
-func (b *bundle) do(t *testing.T, token, method, path string, body any) response {
+func (b *bundle) do(t testing.TB, token, method, path string, body any) response {
 	t.Helper()
 	var rd io.Reader
 	switch v := body.(type) {
@@ -90,7 +90,7 @@ func convPath(cid string, rest ...string) string {
 }
 
 // counts returns the number of conversations, messages and outbox rows.
-func counts(t *testing.T, pool *pgxpool.Pool) [3]int {
+func counts(t testing.TB, pool *pgxpool.Pool) [3]int {
 	t.Helper()
 	var c [3]int
 	err := pool.QueryRow(context.Background(), `SELECT
@@ -99,7 +99,7 @@ func counts(t *testing.T, pool *pgxpool.Pool) [3]int {
 	return c
 }
 
-func (b *bundle) createConversation(t *testing.T, token, id string) {
+func (b *bundle) createConversation(t testing.TB, token, id string) {
 	t.Helper()
 	r := b.do(t, token, "POST", "/v1/conversations", map[string]any{"id": id, "title": "t"})
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)

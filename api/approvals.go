@@ -56,6 +56,10 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	if err := schema.ValidateID("approval", id); err != nil {
+		refuseID(w, err)
+		return
+	}
 	if !strings.HasPrefix(id, "ap_") || len(id) > 64 {
 		s.approvalNotFound(w, id)
 		return
@@ -74,6 +78,10 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 	}
 	if string(d.Answer) == "null" {
 		d.Answer = nil
+	}
+	if terr := checkJSONText(`"answer"`, d.Answer); terr != nil {
+		writeTextError(w, terr)
+		return
 	}
 	user := userFrom(r.Context())
 	a, err := s.decide(r.Context(), user.ID, cid, id, schema.Decision{Approved: *d.Approved, Answer: d.Answer, ArgumentsSHA256: d.ArgumentsSHA256, UserID: user.ID})

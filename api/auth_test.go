@@ -58,6 +58,7 @@ func TestEveryRouteRefusesEveryWrongCredentialAndChangesNothing(t *testing.T) {
 		{"POST", "/v1/conversations", `{"id":"new-conv","title":"new"}`, false},
 		{"GET", "/v1/conversations", "", false},
 		{"GET", convPath(cid), "", true},
+		{"PATCH", convPath(cid), `{"double_texting":"reject"}`, true},
 		{"DELETE", convPath(cid), "", true},
 		{"POST", convPath(cid, "/messages"), `{"id":"new-message","content":"new"}`, true},
 		{"GET", convPath(cid, "/messages"), "", true},

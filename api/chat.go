@@ -31,7 +31,7 @@ import (
 func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	user := userFrom(r.Context())
 	r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxChatBodyBytes))
-	req, err := readChatRequest(r.Body, s.cfg.MaxChatMessages)
+	req, err := readChatRequest(newTextReader(r.Body), s.cfg.MaxChatMessages)
 	if err != nil {
 		s.refuseChatBody(w, r, err)
 		return
@@ -49,7 +49,7 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := schema.ValidateID("message", messageID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", "the new message's id: "+err.Error())
+		refuseID(w, fmt.Errorf("the new message's id: %w", err))
 		return
 	}
 	if !s.chatsLive(w) {
@@ -67,17 +67,17 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	// listens before the write: every event of the turn that answers it
 	// then reaches the stream, and only a message stored before needs the
 	// database's word on where its turn stands.
-	key, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
+	c, created, err := s.chatKey(ctx, user.ID, req.ChatID, content, req.Trigger == triggerSubmit)
 	if err != nil {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	f := s.subscribe(key)
+	f := s.subscribe(c.Key)
 	defer f.unsubscribe()
 	var row int64
 	var existed bool
 	if req.Trigger == triggerRegenerate {
-		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID)
+		row, err = s.regenerate(ctx, user.ID, req.ChatID, messageID, req.MessageID, req.RepeatWrites)
 	} else {
 		row, existed, err = s.submit(ctx, user.ID, req.ChatID, messageID, content)
 	}
@@ -91,14 +91,20 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		s.refuseChat(w, r, req.ChatID, err)
 		return
 	}
-	s.streamReply(w, r, f, row, existed, nil)
+	// A message that waits behind a turn stopped at an approval says so
+	// at once, with the approval's request, as a reload does: nothing
+	// else happens until its user decides (or it expires). One that
+	// came to a chat whose turn stops there later hears it from that
+	// turn's event (chatStream.event).
+	check := existed || c.TurnState == schema.TurnWaitingForApproval
+	s.streamReply(w, r, f, row, check, nil)
 }
 
 // checkChatRequest answers 400 to a request whose chat id or trigger
 // Baton does not take; a request without a trigger submits.
 func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
 	if err := schema.ValidateID("chat", req.ChatID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", `"id": `+err.Error())
+		refuseID(w, fmt.Errorf(`"id": %w`, err))
 		return false
 	}
 	if req.Trigger == "" {
@@ -111,33 +117,32 @@ func checkChatRequest(w http.ResponseWriter, req *chatRequest) bool {
 	return true
 }
 
-// chatKey returns the key of the user's chat, creating it on first use
-// (with create) within the user's quota, in a transaction of its own.
+// chatKey returns the user's chat, creating it on first use (with
+// create) within the user's quota, in a transaction of its own.
 //
 // A new chat commits before its first message: a worker's claim finds a
 // conversation by its row, which the message's transaction locks until
 // its commit is visible (see schema.ClaimTx); a conversation created in
 // that same transaction has no row to wait on yet, and a claim that came
 // early would take it for deleted.
-func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content string, create bool) (key string, created bool, err error) {
+func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content string, create bool) (c schema.Conversation, created bool, err error) {
 	// Most requests are to a chat that exists: one round trip.
 	if c, err := schema.GetConversation(ctx, s.pool, owner, chatID); err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
-		return c.Key, false, err
+		return c, false, err
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		c, err := schema.GetConversation(ctx, tx, owner, chatID)
+		var err error
+		c, err = schema.GetConversation(ctx, tx, owner, chatID)
 		if err == nil || !errors.Is(err, schema.ErrNotFound) || !create {
-			key = c.Key
 			return err
 		}
 		if err := schema.CheckConversationQuotaTx(ctx, tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
-		c, created, err = schema.CreateConversation(ctx, tx, owner, chatID, chatTitle(content))
-		key = c.Key
+		c, created, err = schema.CreateConversationWith(ctx, tx, owner, schema.NewConversation{ID: chatID, Title: chatTitle(content), DoubleTexting: s.cfg.DoubleTexting})
 		return err
 	})
-	return key, created, err
+	return c, created, err
 }
 
 // submit stores the new message in the user's chat and returns its outbox
@@ -159,10 +164,7 @@ func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, con
 	if res.Existed {
 		s.metrics.messages.WithLabelValues("retry").Inc()
 	} else {
-		s.metrics.messages.WithLabelValues("stored").Inc()
-		s.publishEvent(ctx, batonnats.ConversationEvent{
-			Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
-		}, "message-"+res.MessageKey)
+		s.stored(ctx, res)
 	}
 	if res.OutboxID == 0 {
 		return 0, true, errNoTurn
@@ -176,13 +178,13 @@ var errNoTurn = errors.New("the message's turn is too old to follow")
 
 // regenerate puts the newest turn of the chat, the one that answered
 // messageID, back to be answered again, and returns the turn's oldest row.
-func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string) (int64, error) {
+func (s *Server) regenerate(ctx context.Context, owner int64, chatID, messageID, replyID string, repeatWrites bool) (int64, error) {
 	var out schema.Regenerated
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		out, err = schema.RegenerateTx(ctx, tx, schema.Regenerate{
 			OwnerID: owner, ConversationID: chatID, MessageID: messageID, ReplyID: replyID,
-			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour,
+			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour, RepeatWrites: repeatWrites,
 		})
 		if err != nil {
 			return err
@@ -258,7 +260,18 @@ func (s *Server) decideApprovals(ctx context.Context, tx pgx.Tx, w http.Response
 		switch {
 		case errors.Is(err, schema.ErrNotFound):
 			return nil, 0, func() { s.approvalNotFound(w, id) }, errRefused
-		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want && a.Status != schema.ApprovalExpired:
+		case (err == nil || errors.Is(err, schema.ErrApprovalDecided)) && a.Status == schema.ApprovalExpired:
+			// Past its time: the call was denied, as through the REST
+			// route. The expiry commits on its own (this transaction
+			// is refused whole).
+			expiredNow := err == nil
+			return nil, 0, func() {
+				if expiredNow {
+					_, _ = s.decide(context.WithoutCancel(ctx), userID, chatID, id, schema.Decision{Approved: resp.Approved, UserID: userID})
+				}
+				writeError(w, http.StatusConflict, "approval_expired", "the approval "+strconv.Quote(id)+" waited past its time and the call was denied")
+			}, errRefused
+		case errors.Is(err, schema.ErrApprovalDecided) && a.Status != want:
 			return nil, 0, func() {
 				writeError(w, http.StatusConflict, "approval_decided", "the approval "+strconv.Quote(id)+" was "+a.Status+" already: a call is decided once")
 			}, errRefused
@@ -337,9 +350,12 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 	var ce *chatBodyError
 	var mbe *http.MaxBytesError
 	var bte *bodyTimeoutError
+	var te *textError
 	switch {
 	case errors.As(err, &ce):
 		writeError(w, ce.status, ce.code, ce.message)
+	case errors.As(err, &te):
+		writeTextError(w, te)
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the request body is over %d bytes (--max-chat-body-bytes)", mbe.Limit))
 	case errors.As(err, &bte):
@@ -352,12 +368,17 @@ func (s *Server) refuseChatBody(w http.ResponseWriter, r *http.Request, err erro
 // refuseChat answers a chat request that its write refused.
 func (s *Server) refuseChat(w http.ResponseWriter, r *http.Request, chatID string, err error) {
 	switch {
-	case quotaExceeded(w, err):
+	case quotaExceeded(w, err), turnMadeWrites(w, err):
 	case errors.Is(err, schema.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" with that message for this user")
 	case errors.Is(err, schema.ErrConflict):
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error()+" (editing a sent message is not supported)")
+	case s.turnRunning(w, err):
+	case errors.Is(err, schema.ErrReservedID):
+		writeError(w, http.StatusBadRequest, "reserved_id", err.Error())
+	case errors.Is(err, schema.ErrBadText):
+		writeError(w, http.StatusBadRequest, "bad_text", err.Error())
 	case errors.Is(err, schema.ErrTurnRunning):
 		writeError(w, http.StatusConflict, "turn_running", "a turn of this chat is running or waiting: stop it, or wait for its reply, before regenerating")
 	case errors.Is(err, schema.ErrNotNewest):
@@ -416,13 +437,7 @@ func (s *Server) stopConversation(w http.ResponseWriter, r *http.Request) {
 	if s.failed(w, r, cid, err) {
 		return
 	}
-	if st.RunID != "" && s.nc != nil {
-		// A notice lost is a stop that takes effect at the run's next
-		// lease renewal instead.
-		if err := s.nc.Publish(batonnats.StopSubject(st.ConversationKey, st.RunID), nil); err != nil {
-			s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
-		}
-	}
+	s.notifyStop(st.ConversationKey, st.RunID)
 	if st.Denied {
 		s.publishApprovalDecided(r.Context(), *st.Approval)
 	}

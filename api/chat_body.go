@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	batonnats "github.com/batonhq/baton/nats"
+	"github.com/batonhq/baton/schema"
 )
 
 // Limits of a chat request's body. useChat sends the chat's whole history
@@ -32,6 +33,10 @@ type chatRequest struct {
 	// Last is the last message of the list; Count how many there were.
 	Last  *uiMessageIn
 	Count int
+	// RepeatWrites, with regenerate, answers again a turn that made
+	// writes: regenerate({body: {repeat_writes: true}}) puts it in the
+	// body.
+	RepeatWrites bool
 }
 
 // uiMessageIn is a message of the list as far as Baton reads it.
@@ -106,6 +111,8 @@ func readChatRequest(body io.Reader, maxMessages int) (chatRequest, error) {
 			err = decodeString(dec, "messageId", &req.MessageID)
 		case "messages":
 			err = readMessages(dec, maxMessages, &req)
+		case "repeat_writes":
+			err = decodeBool(dec, "repeat_writes", &req.RepeatWrites)
 		default:
 			err = skipValue(dec)
 		}
@@ -144,6 +151,9 @@ func readMessages(dec *json.Decoder, maxMessages int, req *chatRequest) error {
 		}
 		var m uiMessageIn
 		if err := dec.Decode(&m); err != nil {
+			if readErr := bodyProblem(err); readErr != nil {
+				return readErr
+			}
 			return badChat("message %d of \"messages\" is not a message: %s", req.Count, jsonErrorMessage(err))
 		}
 		req.Last = &m
@@ -155,7 +165,24 @@ func readMessages(dec *json.Decoder, maxMessages int, req *chatRequest) error {
 func decodeString(dec *json.Decoder, field string, into *string) error {
 	var v *string
 	if err := dec.Decode(&v); err != nil {
+		if readErr := bodyProblem(err); readErr != nil {
+			return readErr
+		}
 		return badChat("%q must be a string: %s", field, jsonErrorMessage(err))
+	}
+	if v != nil {
+		*into = *v
+	}
+	return nil
+}
+
+func decodeBool(dec *json.Decoder, field string, into *bool) error {
+	var v *bool
+	if err := dec.Decode(&v); err != nil {
+		if readErr := bodyProblem(err); readErr != nil {
+			return readErr
+		}
+		return badChat("%q must be true or false: %s", field, jsonErrorMessage(err))
 	}
 	if v != nil {
 		*into = *v
@@ -195,20 +222,33 @@ func skipValue(dec *json.Decoder) error {
 }
 
 // jsonProblem says what is wrong with a body that does not parse; a body
-// over its limit and one that came too slowly keep their own errors.
+// over its limit, one that came too slowly and one whose text Baton does
+// not take keep their own errors.
 func jsonProblem(err error) error {
 	if err == nil {
 		return nil
 	}
-	var mbe *http.MaxBytesError
-	var bte *bodyTimeoutError
-	if errors.As(err, &mbe) || errors.As(err, &bte) {
-		return err
+	if readErr := bodyProblem(err); readErr != nil {
+		return readErr
 	}
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
 	return badChat("%s", jsonErrorMessage(err))
+}
+
+// bodyProblem returns err when reading the body failed, rather than
+// parsing it: over its limit (413), too slow (408), text Baton does not
+// take (400 bad_text). Each has an answer of its own, never "malformed
+// JSON".
+func bodyProblem(err error) error {
+	var mbe *http.MaxBytesError
+	var bte *bodyTimeoutError
+	var te *textError
+	if errors.As(err, &mbe) || errors.As(err, &bte) || errors.As(err, &te) {
+		return err
+	}
+	return nil
 }
 
 // newMessage returns the id and the content of the request's new message,
@@ -236,6 +276,9 @@ func (req chatRequest) newMessage(maxContent int) (id, content string, err error
 	case len(content) > maxContent:
 		return "", "", &chatBodyError{status: http.StatusRequestEntityTooLarge, code: "content_too_large",
 			message: fmt.Sprintf("the new message is %d bytes; the limit is %d bytes", len(content), maxContent)}
+	}
+	if terr := checkText("the new message's text", content); terr != nil {
+		return "", "", terr
 	}
 	return m.ID, content, nil
 }
@@ -293,6 +336,9 @@ func (req chatRequest) approvalResponses() ([]approvalResponse, []batonnats.Live
 		}
 		if p.Approval == nil || p.Approval.ID == "" || p.Approval.Approved == nil {
 			return nil, nil, badChat(`a tool part in state "approval-responded" needs "approval": {"id", "approved"}, as addToolApprovalResponse sets it`)
+		}
+		if err := schema.ValidateID("approval", p.Approval.ID); err != nil {
+			return nil, nil, &chatBodyError{status: http.StatusBadRequest, code: "bad_id", message: "a tool part's approval id: " + err.Error()}
 		}
 		out = append(out, approvalResponse{ApprovalID: p.Approval.ID, Approved: *p.Approval.Approved})
 	}

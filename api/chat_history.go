@@ -86,7 +86,8 @@ func toUIMessage(m schema.ChatMessage) uiMessage {
 
 // chatHistory answers a chat's messages as UIMessages for useChat's initial
 // messages: the newest page (?limit=, default 100, at most 1000), oldest
-// first, and with ?before=<next_before> the page before it. Replies that a
+// first, and with ?before=<next_before> (an opaque cursor of the chat's)
+// the page before it. Replies that a
 // regenerated one replaced are left out; the turn that runs has no reply
 // here yet (GET /v1/chat/{id}/stream streams it).
 func (s *Server) chatHistory(w http.ResponseWriter, r *http.Request) {
@@ -105,16 +106,11 @@ func (s *Server) chatHistory(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	var before int64
-	if v := q.Get("before"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, "bad_cursor", `before must be the "next_before" of a page`)
-			return
-		}
-		before = n
+	msgs, next, err := schema.ChatHistory(r.Context(), s.pool, userFrom(r.Context()).ID, chatID, q.Get("before"), limit)
+	if errors.Is(err, schema.ErrBadCursor) {
+		writeError(w, http.StatusBadRequest, "bad_cursor", `before must be the "next_before" of a page of this chat`)
+		return
 	}
-	msgs, more, err := schema.ChatHistory(r.Context(), s.pool, userFrom(r.Context()).ID, chatID, before, limit)
 	if errors.Is(err, schema.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "not_found", "no chat "+strconv.Quote(chatID)+" for this user")
 		return
@@ -129,8 +125,8 @@ func (s *Server) chatHistory(w http.ResponseWriter, r *http.Request) {
 		out[i] = toUIMessage(m)
 	}
 	body["messages"] = out
-	if more {
-		body["next_before"] = msgs[0].Seq
+	if next != "" {
+		body["next_before"] = next
 	}
 	writeJSON(w, http.StatusOK, body)
 }

@@ -97,9 +97,9 @@ func (c *chatStream) event(ctx context.Context, _ uint64, ev batonnats.Conversat
 			c.run, c.synced = "", false
 		}
 	case batonnats.EventWaitingForApproval:
-		if ours {
-			// The turn stopped at a call for its user: the database
-			// says which.
+		if ours || c.run == "" && !c.out.started {
+			// The turn stopped at a call for its user (this row's, or
+			// the one this row waits behind): the database says which.
 			c.check(ctx)
 		}
 	case batonnats.EventReplied, batonnats.EventFailed:

@@ -2,8 +2,10 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -16,6 +18,9 @@ import (
 type createConversationRequest struct {
 	ID    *string `json:"id"`
 	Title string  `json:"title"`
+	// DoubleTexting is the conversation's policy; the server's
+	// (--double-texting) when absent.
+	DoubleTexting *string `json:"double_texting"`
 }
 
 func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
@@ -28,12 +33,23 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		id = *req.ID
 	}
 	if err := schema.ValidateID("conversation", id); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return
 	}
-	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength || !utf8.ValidString(req.Title) {
-		writeError(w, http.StatusBadRequest, "bad_title", "title must be valid UTF-8 of at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
+	if terr := checkText("title", req.Title); terr != nil {
+		writeTextError(w, terr)
 		return
+	}
+	if n := utf8.RuneCountInString(req.Title); n > schema.MaxTitleLength {
+		writeError(w, http.StatusBadRequest, "bad_title", "title must be at most "+strconv.Itoa(schema.MaxTitleLength)+" characters")
+		return
+	}
+	policy := s.cfg.DoubleTexting
+	if req.DoubleTexting != nil {
+		var ok bool
+		if policy, ok = doubleTexting(w, *req.DoubleTexting); !ok {
+			return
+		}
 	}
 	owner := userFrom(r.Context()).ID
 	var c schema.Conversation
@@ -48,7 +64,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
 		if err := schema.CheckConversationQuotaTx(r.Context(), tx, owner, s.cfg.Quotas.MaxConversations); err != nil {
 			return err
 		}
-		c, created, err = schema.CreateConversation(r.Context(), tx, owner, id, req.Title)
+		c, created, err = schema.CreateConversationWith(r.Context(), tx, owner, schema.NewConversation{ID: id, Title: req.Title, DoubleTexting: policy})
 		return err
 	})
 	if quotaExceeded(w, err) {
@@ -87,10 +103,21 @@ func (s *Server) listConversations(w http.ResponseWriter, r *http.Request) {
 func conversationID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	cid := r.PathValue("cid")
 	if err := schema.ValidateID("conversation", cid); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
 		return "", false
 	}
 	return cid, true
+}
+
+// refuseID answers a request whose id breaks the rules of
+// schema.ValidateID: 400 bad_id, or reserved_id for a message id that
+// takes a prefix of the server's own messages.
+func refuseID(w http.ResponseWriter, err error) {
+	code := "bad_id"
+	if errors.Is(err, schema.ErrReservedID) {
+		code = "reserved_id"
+	}
+	writeError(w, http.StatusBadRequest, code, err.Error())
 }
 
 func (s *Server) notFound(w http.ResponseWriter, cid string) {
@@ -124,6 +151,47 @@ func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, c)
 }
 
+// doubleTexting reads a policy a client gave; it answers 400, naming the
+// policies, when it is none.
+func doubleTexting(w http.ResponseWriter, v string) (schema.DoubleTexting, bool) {
+	p, err := schema.ParseDoubleTexting(v)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_double_texting", `"double_texting": `+err.Error())
+		return "", false
+	}
+	return p, true
+}
+
+type patchConversationRequest struct {
+	DoubleTexting *string `json:"double_texting"`
+}
+
+// patchConversation changes what a conversation's owner may change of it:
+// its double texting, for the messages sent after it.
+func (s *Server) patchConversation(w http.ResponseWriter, r *http.Request) {
+	cid, ok := conversationID(w, r)
+	if !ok {
+		return
+	}
+	var req patchConversationRequest
+	if !decodeJSON(w, r, 16<<10, false, &req) {
+		return
+	}
+	if req.DoubleTexting == nil {
+		writeError(w, http.StatusBadRequest, "bad_body", `nothing to change: send {"double_texting": "`+string(s.cfg.DoubleTexting)+`"}, one of `+schema.DoubleTextingNames())
+		return
+	}
+	policy, ok := doubleTexting(w, *req.DoubleTexting)
+	if !ok {
+		return
+	}
+	c, err := schema.SetDoubleTexting(r.Context(), s.pool, userFrom(r.Context()).ID, cid, policy)
+	if s.failed(w, r, cid, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
 func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
@@ -150,17 +218,30 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// repeatRequest is the body of a retry: whether a turn that made writes
+// may make them again.
+type repeatRequest struct {
+	RepeatWrites bool `json:"repeat_writes"`
+}
+
 // retryFailed gives a conversation's failed turn another round of
 // attempts. The server resets its own queue state; the client only asks.
+// A turn that made writes is retried only when the body says
+// {"repeat_writes": true}.
 func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
 		return
 	}
+	var req repeatRequest
+	if !decodeJSON(w, r, 4096, true, &req) {
+		return
+	}
 	var res schema.RetryResult
 	err := pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 		var err error
-		res, err = schema.RetryFailedTx(r.Context(), tx, userFrom(r.Context()).ID, cid, s.cfg.Quotas.MaxRetriesPerHour)
+		res, err = schema.RetryFailedTx(r.Context(), tx, schema.Retry{OwnerID: userFrom(r.Context()).ID, ConversationID: cid,
+			MaxPerHour: s.cfg.Quotas.MaxRetriesPerHour, RepeatWrites: req.RepeatWrites})
 		if err != nil || len(res.OutboxIDs) == 0 {
 			return err
 		}
@@ -168,11 +249,25 @@ func (s *Server) retryFailed(w http.ResponseWriter, r *http.Request) {
 		// within the duplicate window is not swallowed.
 		return schema.AnnounceTx(r.Context(), tx, batonnats.ReasonUserRetry, res.OutboxIDs)
 	})
-	if quotaExceeded(w, err) || s.failed(w, r, cid, err) {
+	if quotaExceeded(w, err) || turnMadeWrites(w, err) || s.failed(w, r, cid, err) {
 		return
 	}
 	if len(res.OutboxIDs) > 0 {
 		s.publishEvent(r.Context(), batonnats.ConversationEvent{Type: batonnats.EventPending, ConversationID: res.ConversationKey, OutboxIDs: res.OutboxIDs}, "")
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"retried": len(res.OutboxIDs)})
+}
+
+// turnMadeWrites answers 409 turn_made_writes, naming the writes, when err
+// says that the turn to answer again made writes; it reports whether it
+// did.
+func turnMadeWrites(w http.ResponseWriter, err error) bool {
+	var we *schema.WritesError
+	if !errors.As(err, &we) {
+		return false
+	}
+	writeError(w, http.StatusConflict, "turn_made_writes",
+		fmt.Sprintf("the turn made writes (%s): answering it again would run them again; send {\"repeat_writes\": true} to do that",
+			strings.Join(we.Tools, ", ")))
+	return true
 }

@@ -15,7 +15,7 @@ import (
 // answer; a preflight from one is answered 403.
 const (
 	// corsAllowMethods are the methods of the /v1 routes.
-	corsAllowMethods = "GET, POST, DELETE"
+	corsAllowMethods = "GET, POST, PATCH, DELETE"
 	// corsAllowHeaders are the request headers a page may send: the token,
 	// a JSON body, where an event stream resumes, and a trace context.
 	corsAllowHeaders = "Authorization, Content-Type, Last-Event-ID, traceparent, tracestate"

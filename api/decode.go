@@ -12,7 +12,8 @@ import (
 // decodeJSON reads one JSON object from the body into v, rejecting unknown
 // fields (a client sending "status" or "attempts" must not influence
 // anything, and should learn that it was ignored), trailing data and bodies
-// over limit bytes. It writes the error response itself and reports
+// over limit bytes, and text that is not what was sent once decoded
+// (invalid UTF-8, unpaired surrogates: see text.go). It writes the error response itself and reports
 // whether decoding succeeded. An empty body decodes as {} when allowEmpty.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty bool, v any) bool {
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
@@ -29,6 +30,10 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, allowEmpty 
 			return false
 		}
 		writeError(w, http.StatusBadRequest, "bad_body", "could not read the request body: "+err.Error())
+		return false
+	}
+	if terr := checkBodyText(body); terr != nil {
+		writeTextError(w, terr)
 		return false
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {

@@ -217,8 +217,12 @@ func (e *eventStream) event(_ context.Context, seq uint64, ev batonnats.Conversa
 			e.current = ""
 		}
 	}
-	// The client knows the conversation by its own id.
+	// The client knows the conversation by its own id. The outbox rows
+	// are the server's: their ids count the messages of every
+	// conversation, and consumers inside read them from the events
+	// stream itself.
 	ev.ConversationID = e.cid
+	ev.OutboxIDs = nil
 	body, _ := json.Marshal(ev)
 	e.send(strconv.FormatUint(seq, 10), "", string(body))
 	if ev.Type == batonnats.EventDeleted {

@@ -137,6 +137,7 @@ var v1Routes = []struct{ method, path string }{
 	{"POST", "/v1/conversations"},
 	{"GET", "/v1/conversations"},
 	{"GET", "/v1/conversations/demo"},
+	{"PATCH", "/v1/conversations/demo"},
 	{"DELETE", "/v1/conversations/demo"},
 	{"POST", "/v1/conversations/demo/messages"},
 	{"GET", "/v1/conversations/demo/messages"},

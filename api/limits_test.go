@@ -30,11 +30,11 @@ import (
 // setupEdge serves the API with the http.Server that `baton api` runs
 // (api.Server.HTTPServer: its timeouts and header limit), with cfg's
 // limits and js (nil: no live events), on a real TCP listener.
-func setupEdge(t *testing.T, cfg api.Config, js jetstream.JetStream) *bundle {
+func setupEdge(t testing.TB, cfg api.Config, js jetstream.JetStream) *bundle {
 	t.Helper()
 	pool := testenv.Database(t).Pool
 	ctx := context.Background()
-	a, _, err := schema.CreateToken(ctx, pool, "alice")
+	a, alice, err := schema.CreateToken(ctx, pool, "alice")
 	require.NoError(t, err)
 	b, _, err := schema.CreateToken(ctx, pool, "bob")
 	require.NoError(t, err)
@@ -44,7 +44,7 @@ func setupEdge(t *testing.T, cfg api.Config, js jetstream.JetStream) *bundle {
 	hs.Config = s.HTTPServer()
 	hs.Start()
 	t.Cleanup(func() { s.Close(); hs.Close() })
-	return &bundle{pool: pool, srv: hs, alice: a, bob: b, client: hs.Client()}
+	return &bundle{pool: pool, srv: hs, alice: a, bob: b, aliceID: alice.ID, client: hs.Client()}
 }
 
 func (b *bundle) addr() string { return b.srv.Listener.Addr().String() }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -46,7 +47,11 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := schema.ValidateID("message", *req.ID); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_id", err.Error())
+		refuseID(w, err)
+		return
+	}
+	if terr := checkText("content", *req.Content); terr != nil {
+		writeTextError(w, terr)
 		return
 	}
 	user := userFrom(r.Context())
@@ -68,8 +73,16 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		s.metrics.messages.WithLabelValues("conflict").Inc()
 		writeError(w, http.StatusConflict, "conflict", err.Error())
 		return
+	case s.turnRunning(w, err):
+		return
 	case errors.Is(err, schema.ErrContentTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, "content_too_large", err.Error())
+		return
+	case errors.Is(err, schema.ErrReservedID):
+		writeError(w, http.StatusBadRequest, "reserved_id", err.Error())
+		return
+	case errors.Is(err, schema.ErrBadText):
+		writeError(w, http.StatusBadRequest, "bad_text", err.Error())
 		return
 	case errors.Is(err, schema.ErrInvalid):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
@@ -83,19 +96,52 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, res.Message)
 		return
 	}
-	s.metrics.messages.WithLabelValues("stored").Inc()
-	// The event carries the message id its owner knows; the subject and
-	// the deduplication id carry the server's keys.
-	s.publishEvent(r.Context(), batonnats.ConversationEvent{
-		Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
-	}, "message-"+res.MessageKey)
+	s.stored(r.Context(), res)
 	writeJSON(w, http.StatusAccepted, res.Message)
 }
 
+// stored tells what a new message's commit did: the message event, and
+// the stop notice of the run it interrupted (double texting interrupt).
+func (s *Server) stored(ctx context.Context, res schema.InsertResult) {
+	s.metrics.messages.WithLabelValues("stored").Inc()
+	s.notifyStop(res.ConversationKey, res.InterruptedRunID)
+	// The event carries the message id its owner knows; the subject and
+	// the deduplication id carry the server's keys.
+	s.publishEvent(ctx, batonnats.ConversationEvent{
+		Type: batonnats.EventMessage, ConversationID: res.ConversationKey, MessageID: res.Message.ID, OutboxIDs: []int64{res.OutboxID},
+	}, "message-"+res.MessageKey)
+}
+
+// notifyStop tells the worker that runs runID that its run was asked to
+// stop (a stop, or an interrupting message), once that committed. A
+// notice lost is a stop that takes effect at the run's next lease renewal
+// instead.
+func (s *Server) notifyStop(conversationKey, runID string) {
+	if runID == "" || s.nc == nil {
+		return
+	}
+	if err := s.nc.Publish(batonnats.StopSubject(conversationKey, runID), nil); err != nil {
+		s.log.Warn().Err(err).Msg("could not publish a stop notice; the run stops at its next lease renewal")
+	}
+}
+
+// turnRunning answers 409 turn_running to a message that the
+// conversation's double texting (reject) refused while a turn runs or
+// waits, with the producer's message, which says what to do; it reports
+// whether err was that.
+func (s *Server) turnRunning(w http.ResponseWriter, err error) bool {
+	var pe *schema.ProducerError
+	if !errors.As(err, &pe) || pe.Code != schema.SQLStateTurnRunning {
+		return false
+	}
+	s.metrics.messages.WithLabelValues("turn_running").Inc()
+	writeError(w, http.StatusConflict, "turn_running", pe.Message)
+	return true
+}
+
 // listMessages returns a page of a conversation's messages, oldest first:
-// ?after=<seq> continues after the message with that seq (the last one of
-// the previous page, which "next_after" gives), ?limit=<n> sets the page
-// size.
+// ?after=<cursor> continues after the previous page (its "next_after", an
+// opaque cursor of the conversation's), ?limit=<n> sets the page size.
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	cid, ok := conversationID(w, r)
 	if !ok {
@@ -111,24 +157,17 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	var after int64
-	if v := q.Get("after"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, "bad_cursor", `after must be the "seq" of a message (the "next_after" of the previous page)`)
-			return
-		}
-		after = n
+	msgs, next, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid, q.Get("after"), limit)
+	if errors.Is(err, schema.ErrBadCursor) {
+		writeError(w, http.StatusBadRequest, "bad_cursor", `after must be the "next_after" of a page of this conversation`)
+		return
 	}
-	// One more than asked tells whether another page follows.
-	msgs, err := schema.ListMessages(r.Context(), s.pool, userFrom(r.Context()).ID, cid, after, limit+1)
 	if s.failed(w, r, cid, err) {
 		return
 	}
 	body := map[string]any{}
-	if len(msgs) > limit {
-		msgs = msgs[:limit]
-		body["next_after"] = msgs[limit-1].Seq
+	if next != "" {
+		body["next_after"] = next
 	}
 	body["messages"] = msgs
 	writeJSON(w, http.StatusOK, body)

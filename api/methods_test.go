@@ -15,7 +15,7 @@ func TestWrongMethodOnARouteIsAJSON405WithAllow(t *testing.T) {
 		method, path, allow string
 	}{
 		{http.MethodPut, "/v1/conversations", "GET, HEAD, POST"},
-		{http.MethodPatch, convPath("demo"), "GET, HEAD, DELETE"},
+		{http.MethodPut, convPath("demo"), "GET, HEAD, PATCH, DELETE"},
 		{http.MethodDelete, convPath("demo", "/messages"), "GET, HEAD, POST"},
 		{http.MethodGet, convPath("demo", "/retry"), "POST"},
 		{http.MethodPost, convPath("demo", "/events"), "GET, HEAD"},

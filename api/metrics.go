@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route"}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_api_messages_total",
-			Help: "User messages posted, by outcome: stored (new turn), retry (already stored, no new turn), conflict.",
+			Help: "User messages posted, by outcome: stored (new turn), retry (already stored, no new turn), conflict, turn_running (refused: the conversation's double texting is reject and a turn runs).",
 		}, []string{"outcome"}),
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_api_limited_total",

@@ -104,6 +104,13 @@ type Config struct {
 	// GET /.well-known/jwks.json, without a token. Defaults to none: the
 	// route answers 404.
 	AgentKeys *jwtauth.PublicKeys
+	// DoubleTexting is the policy of the conversations the API creates
+	// without one (every chat of POST /v1/chat, and POST
+	// /v1/conversations without "double_texting"): what a message does
+	// that arrives while a turn runs. It is stored on the conversation,
+	// where every producer finds it. Defaults to
+	// schema.DefaultDoubleTexting (debounce).
+	DoubleTexting schema.DoubleTexting
 }
 
 // WithDefaults returns a copy of c with every zero field set.
@@ -115,6 +122,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxContentBytes == 0 {
 		c.MaxContentBytes = DefaultMaxContentBytes
+	}
+	if c.DoubleTexting == "" {
+		c.DoubleTexting = schema.DefaultDoubleTexting
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
@@ -178,6 +188,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxChatBodyBytes < c.MaxContentBytes {
 		return setting.Errorf("MaxChatBodyBytes", c.MaxChatBodyBytes, "must be at least the content limit of %d bytes: a chat's new message comes in its body", c.MaxContentBytes)
+	}
+	if _, err := schema.ParseDoubleTexting(string(c.DoubleTexting)); err != nil {
+		return setting.Errorf("DoubleTexting", c.DoubleTexting, "is not a policy: give %s", schema.DoubleTextingNames())
 	}
 	if c.MaxStreamsPerUser > c.MaxStreams {
 		return setting.Errorf("MaxStreamsPerUser", c.MaxStreamsPerUser, "must not exceed the process's limit of %d streams", c.MaxStreams)
@@ -263,6 +276,7 @@ func (s *Server) routes() {
 	s.handle("POST /v1/conversations", s.auth(s.createConversation))
 	s.handle("GET /v1/conversations", s.auth(s.listConversations))
 	s.handle("GET /v1/conversations/{cid}", s.auth(s.getConversation))
+	s.handle("PATCH /v1/conversations/{cid}", s.auth(s.patchConversation))
 	s.handle("DELETE /v1/conversations/{cid}", s.auth(s.deleteConversation))
 	s.handle("POST /v1/conversations/{cid}/messages", s.auth(s.limitMessages(s.postMessage)))
 	s.handle("GET /v1/conversations/{cid}/messages", s.auth(s.listMessages))

@@ -25,7 +25,7 @@ import (
 // be equal.
 var chosenByTheServer = map[string]map[string]bool{
 	"users":         {"id": true, "created_at": true},
-	"conversations": {"id": true, "owner_id": true, "created_at": true, "updated_at": true, "last_message_at": true},
+	"conversations": {"id": true, "owner_id": true, "created_at": true, "updated_at": true, "last_message_at": true, "id_salt": true},
 	"messages":      {"id": true, "owner_id": true, "conversation_id": true, "seq": true, "created_at": true},
 	"agent_outbox":  {"id": true, "conversation_id": true, "message_id": true, "created_at": true},
 }

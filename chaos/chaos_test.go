@@ -4,34 +4,14 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/batonhq/baton/chaos"
+	"github.com/batonhq/baton/internal/testenv"
 )
-
-// buildBaton builds cmd/baton without the race detector, whatever this
-// test runs with: the harness runs a dozen processes on two cores, and it
-// judges the system from the database, not from races inside one process.
-func buildBaton(t *testing.T, tags ...string) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	repo := filepath.Join(filepath.Dir(file), "..")
-	bin := filepath.Join(t.TempDir(), "baton")
-	args := []string{"build", "-o", bin}
-	args = append(args, tags...)
-	args = append(args, "./cmd/baton")
-	cmd := exec.Command("go", args...)
-	cmd.Dir = repo
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build %v:\n%s", args, out)
-	return bin
-}
 
 // run runs the harness and returns its result and printed summary.
 func run(t *testing.T, cfg chaos.Config) (*chaos.Result, string) {
@@ -54,7 +34,7 @@ func TestShortChaosRunKeepsEveryInvariant(t *testing.T) {
 		t.Skip("starts a dozen processes for about a minute")
 	}
 	res, summary := run(t, chaos.Config{
-		Binary:        buildBaton(t),
+		Binary:        testenv.PlainBatonBinary(t),
 		Seed:          20260601,
 		Conversations: 30,
 		Messages:      300,
@@ -102,7 +82,7 @@ func TestHarnessFailsABrokenWorker(t *testing.T) {
 		t.Skip("starts a dozen processes for about a minute")
 	}
 	res, summary := run(t, chaos.Config{
-		Binary:        buildBaton(t, "-tags", "chaosbroken"),
+		Binary:        testenv.ChaosBrokenBatonBinary(t),
 		Seed:          20260602,
 		Conversations: 20,
 		Messages:      150,

@@ -108,7 +108,12 @@ func (s *Server) retryTurn(w http.ResponseWriter, r *http.Request) {
 			var res schema.RetryResult
 			// The operator's retry is the user's own, uncounted against
 			// the user's quota of retries.
-			res, err = schema.RetryFailedTx(r.Context(), tx, failed.Conversation.OwnerID, failed.Conversation.PublicID, 0)
+			// A turn that made writes starts over only when the operator
+			// says to repeat them, as the user's retry does.
+			res, err = schema.RetryFailedTx(r.Context(), tx, schema.Retry{
+				OwnerID: failed.Conversation.OwnerID, ConversationID: failed.Conversation.PublicID,
+				RepeatWrites: r.PostForm.Get("repeat_writes") == "1",
+			})
 			ids, action, detail = res.OutboxIDs, schema.ActionRetryTurn, "the user's retry: the turn starts over"
 		}
 		if err != nil || len(ids) == 0 {
@@ -120,9 +125,15 @@ func (s *Server) retryTurn(w http.ResponseWriter, r *http.Request) {
 		return schema.RecordOperatorActionTx(r.Context(), tx, op, action, key,
 			fmt.Sprintf("%s; run %s; %d message(s)", detail, failed.RunID, len(ids)))
 	})
+	var writes *schema.WritesError
 	switch {
 	case errors.Is(err, schema.ErrConversationBusy):
 		s.errorPage(w, r, http.StatusConflict, "A run holds the conversation now: wait for its turn to end.")
+		return
+	case errors.As(err, &writes):
+		s.errorPage(w, r, http.StatusConflict, fmt.Sprintf(
+			"The turn made writes (%s): a retry starts it over and would make them again. To retry all the same, tick \"and repeat its writes\" beside Retry.",
+			strings.Join(writes.Tools, ", ")))
 		return
 	case errors.Is(err, schema.ErrOutcomeUnknown):
 		s.errorPage(w, r, http.StatusConflict, "A write of the turn has no known outcome: record what became of it first.")

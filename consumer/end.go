@@ -70,13 +70,17 @@ func (t *turn) finalize(ctx context.Context, reply Reply, stopped bool) {
 		Truncated:      reply.Truncated,
 		Stopped:        stopped,
 		// A capped turn leaves pending rows for the next one on purpose:
-		// they never supersede it.
-		SupersedeIfNewer: w.cfg.Debounce > 0 && !c.More && !stopped,
+		// they never supersede it; nor do they under any double texting
+		// but debounce.
+		SupersedeIfNewer: w.cfg.Debounce > 0 && !c.More && !stopped && c.DoubleTexting == schema.DoubleTextingDebounce,
 	})
 	span.End()
 	switch {
 	case err == nil && out.Superseded:
 		t.superseded()
+		return
+	case err == nil && out.Interrupted:
+		t.interrupted(out.MessageID)
 		return
 	case t.settleLost(ctx, err):
 		return
@@ -197,6 +201,22 @@ func (t *turn) superseded() {
 	w.metrics.turnsFinished.WithLabelValues("superseded").Inc()
 	w.emit(t.event(batonnats.EventPending, ""))
 	t.log.Debug().Msg("turn superseded by newer messages; claiming again")
+}
+
+// interrupted puts the triggers of a turn that a newer message
+// interrupted (DoubleTextingInterrupt) back into its mailbox, which claims
+// again at once: the turn's stopped reply is committed, and its rows wait
+// again, for the next turn to answer them with the newer message.
+func (t *turn) interrupted(replyID string) {
+	w := t.w
+	w.mu.Lock()
+	t.mb.waiting = append(t.batch, t.mb.waiting...)
+	t.mb.more = true
+	w.mu.Unlock()
+	w.metrics.turnsFinished.WithLabelValues("interrupted").Inc()
+	w.emit(t.event(batonnats.EventStopped, replyID))
+	w.emit(t.event(batonnats.EventPending, ""))
+	t.log.Debug().Str("message_id", replyID).Msg("turn interrupted by a newer message; its messages are answered again with it")
 }
 
 // cancelled ends a turn whose conversation was deleted: its result is

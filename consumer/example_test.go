@@ -102,7 +102,7 @@ func Example_worker() {
 	case <-gctx.Done():
 		panic(g.Wait())
 	}
-	msgs, err := schema.ListMessages(ctx, db.Pool, alice.ID, "demo", 0, 10)
+	msgs, _, err := schema.ListMessages(ctx, db.Pool, alice.ID, "demo", "", 10)
 	if err != nil {
 		panic(err)
 	}

@@ -101,7 +101,7 @@ func TestAConversationAnotherTransactionHoldsHoldsUpOnlyItsOwnTurn(t *testing.T)
 
 // The texts of the claim and the finalize statements, as the server shows
 // them in pg_stat_activity (their first 1 kB).
-const claimText, finalizeText = "unnest($1::text[], $2::text[], $3::float8[]", "unnest($1::text[], $2::text[], $3::text[]"
+const claimText, finalizeText = "unnest($1::text[], $2::text[], $3::float8[]", "unnest($1::text[], $2::text[], $3::integer[]"
 
 // waitingForLock counts the sessions that wait for a lock in a statement
 // that contains text: a turn's claim or finalize, behind a test's hold.

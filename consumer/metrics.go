@@ -7,7 +7,7 @@ import (
 // metrics of a worker, registered on Config.Registerer.
 type metrics struct {
 	turnsStarted   prometheus.Counter
-	turnsFinished  *prometheus.CounterVec // by outcome: replied, retried, failed, cancelled, abandoned
+	turnsFinished  *prometheus.CounterVec // by outcome: replied, stopped, interrupted, retried, failed, cancelled, abandoned, ...
 	failures       *prometheus.CounterVec // failed attempts, by reason
 	attempts       prometheus.Histogram
 	insertToClaim  prometheus.Histogram
@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "baton_turns_started_total", Help: "Turns claimed by this worker.",
 		}),
 		turnsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, stopped, waiting_for_approval, retried, failed, superseded, cancelled, abandoned, error).",
+			Name: "baton_turns_finished_total", Help: "Turns ended by this worker, by outcome (replied, stopped, interrupted, waiting_for_approval, retried, failed, superseded, cancelled, abandoned, error).",
 		}, []string{"outcome"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_turn_failures_total", Help: "Failed attempts of turns, retried or not, by reason (the agent's kind of failure: rate_limited, model_unavailable, model_auth, ...; turn_timeout; other).",
@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// Every outcome is a series from the start, so that a failure rate
 	// and a recovery panel exist before the first failure or recovery.
-	for _, o := range []string{"replied", "stopped", "retried", "failed", "superseded", "cancelled", "abandoned", "error"} {
+	for _, o := range []string{"replied", "stopped", "interrupted", "retried", "failed", "superseded", "cancelled", "abandoned", "error"} {
 		m.turnsFinished.WithLabelValues(o)
 	}
 	for _, o := range []string{"retry", "failed", "stopped"} {

@@ -82,6 +82,12 @@ func (w *Worker) recovered(r schema.Recovery) {
 		s.Type, s.OutboxIDs, s.MessageID = batonnats.EventFailed, r.FailedIDs, r.ErrorMessageID
 	case schema.RecoveryStopped:
 		s.Type, s.OutboxIDs, s.MessageID = batonnats.EventStopped, r.StoppedIDs, r.ReplyID
+		if len(r.RetryIDs) > 0 {
+			// Interrupted by a newer message: its rows wait again, to be
+			// answered with it.
+			w.emit(s)
+			s.Type, s.OutboxIDs, s.MessageID = batonnats.EventPending, r.RetryIDs, ""
+		}
 	}
 	w.emit(s)
 }

@@ -26,7 +26,8 @@ const commitTimeout = 15 * time.Second
 // turn is one turn on this worker, from its claim to its end. It reads top
 // to bottom: claim (claim.go) the conversation's pending rows, run the
 // agent's steps in the tool loop (loop.go) while the lease is renewed
-// (lease.go) and newer messages are watched for (debounce.go), then end
+// (lease.go) and newer messages are watched for (debounce.go: they
+// supersede or interrupt it, by the conversation's double texting), then end
 // (end.go) in one transaction: finalize, park for an approval, supersede,
 // or fail. Every trigger of batch is acked once a committed transaction
 // covers it, or returned to the group (nak) when nothing did.
@@ -102,7 +103,7 @@ func (t *turn) run() {
 	// commits is still answered.
 	defer release()
 	reply, err := t.answer()
-	if err == nil {
+	if err == nil && t.claim.DoubleTexting == schema.DoubleTextingDebounce {
 		w.quietWindow(t.ctx, t.mb)
 	}
 	stopWatching()
@@ -118,7 +119,8 @@ func (t *turn) run() {
 
 // start gives the turn its context (ended by its deadline, a stop, a lost
 // lease, a newer message or the shutdown), its live reply and its journal,
-// and starts renewing the lease and watching for newer messages. The
+// and starts renewing the lease and watching for newer messages (what a
+// newer message does is the conversation's double texting, debounce.go). The
 // first function returned stops both and waits for them; the second ends
 // the turn's context and its tracking, once the turn ended.
 func (t *turn) start() (stopWatching, release func()) {

@@ -108,7 +108,7 @@ func TestATruncatedReplyIsStoredAsTruncated(t *testing.T) {
 	b.startWorker(cfg)
 	b.Send("c", "m1", "tell me")
 	b.settled(20 * time.Second)
-	msgs, err := schema.ListMessages(ctx, b.DB.Pool, b.Owner, "c", 0, 10)
+	msgs, _, err := schema.ListMessages(ctx, b.DB.Pool, b.Owner, "c", "", 10)
 	require.NoError(t, err)
 	require.Len(t, msgs, 2)
 	require.Equal(t, "The answer is", msgs[1].Content)

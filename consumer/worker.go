@@ -90,6 +90,11 @@ type Config struct {
 	// them, so a burst gets one reply. A model call that takes longer than
 	// the window adds no wait. NoDebounce turns superseding off. Defaults
 	// to 100ms.
+	//
+	// It applies to conversations whose double texting is debounce (the
+	// default, schema.DoubleTextingDebounce); the other policies decide
+	// what a newer message does themselves, and their replies wait for no
+	// window.
 	Debounce time.Duration
 	// MaxAttempts caps automatic attempts at a turn; past it a visible
 	// error message ends the turn. Defaults to 3.

@@ -126,6 +126,9 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	default:
 		return nil
 	}
+	// Whether relays recorded the slot before is read before it exists
+	// again: once it does, this relay's own heartbeat records it.
+	recordedBefore := r.slotRecorded(ctx)
 	// The publication must exist when the slot starts, or decoding fails
 	// on the first transaction.
 	_, err = r.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, r.cfg.Slot)
@@ -147,7 +150,7 @@ func (r *Relay) ensureSlot(ctx context.Context) error {
 	// promoted standby, which has no logical slots), means events may
 	// have been missed: the announcement covers them, and it is worth a
 	// warning.
-	if reason == "missing" && !r.slotRecorded(ctx) {
+	if reason == "missing" && !recordedBefore {
 		r.log.Info().Str("slot", r.cfg.Slot).Int("rows_announced", n).Msg("slot created")
 		return nil
 	}

@@ -44,6 +44,11 @@ func (l *logLines) with(parts ...string) []string {
 func TestAFirstStartLogsSlotCreatedAtInfoAndOnlyAVanishedSlotWarns(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// A heartbeat records the slot as soon as it exists: one every
+	// millisecond falls between the relay creating the slot and deciding
+	// whether it was recorded before, where a first start once looked like
+	// a vanished slot.
+	b.cfg.HeartbeatInterval = time.Millisecond
 	ctx := context.Background()
 	runOnce := func() *logLines {
 		logs := &logLines{}

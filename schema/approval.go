@@ -277,12 +277,17 @@ func expireTx(ctx context.Context, tx Executor, approvalID, operationID int64) e
 // the check reads is what the update changes.
 func claimResumeRowsTx(ctx context.Context, tx Executor, c *Claim, conversationID string, ids []int64, turnID string) (bool, error) {
 	var pending, generation, epoch int
+	var derived string
 	if err := tx.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE status = 'pending'), coalesce(max(generation), 0), coalesce(max(epoch), 0)
-		FROM agent_outbox WHERE conversation_id = $1 AND id = ANY($2)`, conversationID, ids).Scan(&pending, &generation, &epoch); err != nil {
+		SELECT count(*) FILTER (WHERE status = 'pending'), coalesce(max(generation), 0), coalesce(max(epoch), 0),
+			baton_turn_id($1, $2, coalesce(max(generation), 0))
+		FROM agent_outbox WHERE conversation_id = $1 AND id = ANY($2)`, conversationID, ids).Scan(&pending, &generation, &epoch, &derived); err != nil {
 		return false, fmt.Errorf("claim: resume rows: %w", err)
 	}
-	if pending != len(ids) || TurnIDOf(ids, generation) != turnID {
+	// The rows are still the stopped turn's, at its generation. A turn
+	// that stopped under a Baton that did not salt its ids yet has the
+	// unsalted id.
+	if pending != len(ids) || (derived != turnID && TurnIDOf(ids, generation) != turnID) {
 		return false, nil
 	}
 	rows, err := tx.Query(ctx, `

@@ -81,7 +81,7 @@ func TestClaimTurnsClaimsEachConversationOfABatchAsIfAlone(t *testing.T) {
 	require.NoError(t, res[1].Err)
 	require.Equal(t, []int64{a2}, res[1].Claim.OutboxIDs)
 	require.Equal(t, "run-a", res[1].Claim.RunID)
-	require.Equal(t, schema.TurnID([]int64{a2}), res[1].Claim.TurnID)
+	require.Equal(t, b.turnID(t, "a", []int64{a2}, 0), res[1].Claim.TurnID)
 	require.Equal(t, []string{"a two"}, contents(res[1].Input.Messages))
 	require.Equal(t, []string{"a one", "answer"}, contents(res[1].Input.History), "each conversation's own history")
 

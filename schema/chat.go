@@ -58,14 +58,33 @@ const (
 )
 
 // ChatHistory returns up to limit of ownerID's conversation's messages
-// said before the one whose Seq is before (0: the newest), oldest first,
-// with more set when older ones exist. Replies that a regenerated one
-// replaced are left out; a reply's tool calls come with it.
-func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID string, before int64, limit int) (msgs []ChatMessage, more bool, err error) {
+// said before the cursor before (a page's next; "": the newest), oldest
+// first, with the cursor of the page before it, "" when none is older.
+// Replies that a regenerated one replaced are left out; a reply's tool
+// calls come with it. A cursor that is not the conversation's is
+// ErrBadCursor.
+func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID string, beforeCursor string, limit int) (msgs []ChatMessage, next string, err error) {
 	c, err := GetConversation(ctx, db, ownerID, conversationID)
 	if err != nil {
-		return nil, false, err
+		return nil, "", err
 	}
+	var before int64
+	if beforeCursor != "" {
+		if before, err = c.Position(beforeCursor); err != nil {
+			return nil, "", err
+		}
+		if before == 0 {
+			return nil, "", ErrBadCursor
+		}
+	}
+	msgs, more, err := chatHistory(ctx, db, c.Key, before, limit)
+	if err != nil || !more {
+		return msgs, "", err
+	}
+	return msgs, c.Cursor(msgs[0].Seq), nil
+}
+
+func chatHistory(ctx context.Context, db Executor, key string, before int64, limit int) (msgs []ChatMessage, more bool, err error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, role, content, reasoning, seq, truncated, stopped, settled, run_id FROM (
 			SELECT coalesce(m.public_id, m.id) AS id, m.role, m.content, coalesce(m.reasoning, '') AS reasoning, m.seq, m.truncated, m.stopped,
@@ -73,7 +92,7 @@ func ChatHistory(ctx context.Context, db Executor, ownerID int64, conversationID
 			FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 			WHERE m.conversation_id = $1 AND ($2 = 0 OR m.seq < $2) AND m.superseded_at IS NULL
 			ORDER BY m.seq DESC LIMIT $3) page
-		ORDER BY seq`, c.Key, before, limit+1)
+		ORDER BY seq`, key, before, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("chat history: %w", err)
 	}
@@ -184,26 +203,23 @@ type RowTurn struct {
 // with the given key stands, or ErrNotFound.
 func ReadRowTurn(ctx context.Context, db Executor, conversationKey string, outboxID int64) (RowTurn, error) {
 	var t RowTurn
-	var runRows []int64
-	var runGeneration int
 	err := db.QueryRow(ctx, `
 		SELECT o.status, coalesce(o.run_id, ''), o.generation, o.stopped_at IS NOT NULL,
 			CASE WHEN o.status IN ('done', 'error') AND o.run_id IS NOT NULL THEN coalesce(
 				(SELECT a.reply_message_id FROM agent_runs a WHERE a.id = o.run_id),
 				(SELECT m.id FROM messages m WHERE m.conversation_id = o.conversation_id AND m.run_id = o.run_id
 					AND m.role IN ('assistant', 'error') ORDER BY m.seq DESC LIMIT 1), '') ELSE '' END,
-			coalesce((SELECT a.outbox_ids FROM agent_runs a WHERE a.id = o.run_id AND o.status = 'processing'), '{}'),
-			coalesce((SELECT max(x.generation) FROM agent_runs a JOIN agent_outbox x ON x.id = ANY(a.outbox_ids)
-				WHERE a.id = o.run_id AND o.status = 'processing'), 0)
+			coalesce((SELECT baton_reply_id(o.conversation_id, a.outbox_ids,
+				(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids)))
+				FROM agent_runs a WHERE a.id = o.run_id AND o.status = 'processing'), '')
 		FROM agent_outbox o WHERE o.id = $1 AND o.conversation_id = $2`, outboxID, conversationKey).
-		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID, &runRows, &runGeneration)
+		Scan(&t.Status, &t.RunID, &t.Generation, &t.Settled, &t.ReplyID, &t.RunReplyID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RowTurn{}, ErrNotFound
 	}
 	if err != nil {
 		return RowTurn{}, fmt.Errorf("read the turn of outbox row %d: %w", outboxID, err)
 	}
-	t.RunReplyID = ReplyID(runRows, runGeneration)
 	return t, nil
 }
 
@@ -238,27 +254,29 @@ type ChatApproval struct {
 	ReplyID string
 }
 
-// WaitingApproval returns the approval that the turn of an outbox row of
-// the conversation with the given key waits for, while it waits (pending
-// and in time); nil when it waits for none.
+// WaitingApproval returns the approval that an outbox row of the
+// conversation with the given key waits for, while it waits (pending and
+// in time); nil when it waits for none. That is the approval the
+// conversation waits for: the one its row's turn stopped at, or, for a
+// row that came after, the one that holds every turn of the conversation
+// until it is decided.
 func WaitingApproval(ctx context.Context, db Executor, conversationKey string, outboxID int64) (*ChatApproval, error) {
 	var a ChatApproval
 	var args string
-	var rows []int64
-	var generation int
 	err := db.QueryRow(ctx, `
-		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text, a.outbox_ids,
-			(SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))
+		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text,
+			baton_reply_id(c.id, a.outbox_ids, (SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids)))
 		FROM conversations c JOIN approvals a ON a.id = c.approval_id
 		LEFT JOIN operations o ON o.id = a.operation_id
-		WHERE c.id = $1 AND $2 = ANY(a.outbox_ids) AND a.status = 'pending' AND a.expires_at > now()`,
-		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &rows, &generation)
+		WHERE c.id = $1 AND a.status = 'pending' AND a.expires_at > now()
+			AND EXISTS (SELECT 1 FROM agent_outbox x WHERE x.id = $2 AND x.conversation_id = c.id AND x.status = 'pending')`,
+		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &a.ReplyID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the approval a turn waits for: %w", err)
 	}
-	a.Arguments, a.ReplyID = json.RawMessage(args), ReplyID(rows, generation)
+	a.Arguments = json.RawMessage(args)
 	return &a, nil
 }

@@ -37,13 +37,17 @@ var (
 	ErrLockWait = errors.New("the conversation stayed locked by another transaction")
 )
 
-// TurnID is the logical turn of a set of outbox rows: the same rows always
-// make the same turn, whichever run or attempt claims them.
+// TurnID is the logical turn of a set of outbox rows, as it was derived
+// before a conversation's ids were salted: the same rows always make the
+// same turn, whichever run or attempt claims them. Turns whose oldest row
+// came later hash the same text with their conversation's secret salt
+// (TurnIDs, the SQL function baton_turn_id of migration 00026), so that
+// no id says how many messages the server holds.
 func TurnID(outboxIDs []int64) string { return TurnIDOf(outboxIDs, 0) }
 
-// TurnIDOf is the logical turn of a set of outbox rows at a generation:
-// a regenerated reply answers the same rows again in a turn of its own
-// (generation 0 is TurnID's).
+// TurnIDOf is the unsalted logical turn of a set of outbox rows at a
+// generation: a regenerated reply answers the same rows again in a turn
+// of its own (generation 0 is TurnID's). See TurnID.
 func TurnIDOf(outboxIDs []int64, generation int) string {
 	ids := slices.Clone(outboxIDs)
 	slices.Sort(ids)
@@ -61,8 +65,10 @@ func TurnIDOf(outboxIDs []int64, generation int) string {
 	return "turn_" + hex.EncodeToString(sum[:16])
 }
 
-// ReplyID is the ID of the assistant reply of a turn over outboxIDs at a
-// generation. It is derived from the turn's oldest row and the generation,
+// ReplyID is the unsalted ID of the assistant reply of a turn over
+// outboxIDs at a generation: the ID of a turn whose oldest row predates
+// the salt (see TurnID; TurnIDs gives the ID a claim derives). It is
+// derived from the turn's oldest row and the generation,
 // not from the whole set: a turn that a newer message supersedes is
 // answered by a turn over its rows and the newer ones, whose reply keeps
 // the same ID, so a client that streams the reply never sees its ID
@@ -86,6 +92,20 @@ func ReplyID(outboxIDs []int64, generation int) string {
 // and it gives up once.
 func ErrorMessageID(runID string) string { return "error_" + strings.TrimPrefix(runID, "run_") }
 
+// TurnIDs returns the turn id and the reply id of a turn over outbox rows
+// of the conversation with the given key at a generation, as the claim
+// derives them: salted with the conversation's secret when the oldest row
+// is (every row inserted since migration 00026), TurnIDOf and ReplyID
+// otherwise.
+func TurnIDs(ctx context.Context, db Executor, conversationKey string, outboxIDs []int64, generation int) (turnID, replyID string, err error) {
+	err = db.QueryRow(ctx, `SELECT baton_turn_id($1, $2, $3), baton_reply_id($1, $2, $3)`, conversationKey, outboxIDs, generation).
+		Scan(&turnID, &replyID)
+	if err != nil {
+		return "", "", fmt.Errorf("derive the turn's ids: %w", err)
+	}
+	return turnID, replyID, nil
+}
+
 // ClaimParams say who claims which conversation for how long.
 type ClaimParams struct {
 	ConversationID string
@@ -99,7 +119,9 @@ type ClaimParams struct {
 	// MaxAttempts caps attempts when an expired run is recovered inline.
 	MaxAttempts int
 	// MaxRows caps the rows of one turn, oldest first; the rest stay
-	// pending for the next turn (Claim.More). Zero means no cap.
+	// pending for the next turn (Claim.More). Zero means no cap. A
+	// conversation whose double texting is DoubleTextingEnqueue is capped
+	// at one row whatever this says.
 	MaxRows int
 	// Session is the worker's session (see TakeWorkerSession), recorded
 	// on the run: while the worker lives its session's lock is held, and
@@ -140,8 +162,13 @@ type Claim struct {
 	// recovered inside this claim's transaction.
 	Recovered *Recovery
 	// More is set when pending rows were left for the next turn by
-	// ClaimParams.MaxRows.
+	// ClaimParams.MaxRows, or by the one-message turns of a conversation
+	// that enqueues.
 	More bool
+	// DoubleTexting is the conversation's policy when it was claimed:
+	// under DoubleTextingDebounce alone may a newer message supersede
+	// the turn.
+	DoubleTexting DoubleTexting
 	// TraceParents are the trace contexts the claimed rows kept (none for
 	// a resumed turn): a turn that answers several requests links their
 	// traces.
@@ -149,13 +176,22 @@ type Claim struct {
 	// Resume, when set, is the decided approval the turn resumes from: it
 	// claimed exactly the rows of the turn that stopped for it.
 	Resume *Resume
+	// replyID is the ID the turn's reply gets, as the claim derived it.
+	replyID string
 }
 
 // Empty reports whether nothing was claimed: no pending rows.
 func (c Claim) Empty() bool { return len(c.OutboxIDs) == 0 }
 
-// ReplyID is the ID the turn's reply gets (see ReplyID).
-func (c Claim) ReplyID() string { return ReplyID(c.OutboxIDs, c.Generation) }
+// ReplyID is the ID the turn's reply gets (see TurnIDs); finalize derives
+// the same.
+func (c Claim) ReplyID() string {
+	if c.replyID == "" && len(c.OutboxIDs) > 0 {
+		// A claim made by hand, not by ClaimTx: the unsalted derivation.
+		return ReplyID(c.OutboxIDs, c.Generation)
+	}
+	return c.replyID
+}
 
 // BusyError is ErrConversationBusy with the owner and its lease.
 type BusyError struct {
@@ -215,11 +251,14 @@ WITH req AS (
 conv AS (
 	SELECT c.id, c.run_id, c.lease_expires_at, coalesce(c.lease_expires_at <= now(), false) AS expired,
 		CASE WHEN c.run_id IS NULL OR c.lease_expires_at <= now() THEN false ELSE baton_run_session_gone(c.run_id) END AS gone,
-		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id,
+		c.not_before, coalesce(c.not_before > now(), false) AS waiting, c.approval_id, c.double_texting,
 		(SELECT u.name FROM users u WHERE u.id = c.owner_id) AS owner_name
 	FROM conversations c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE),
 free AS (
-	SELECT r.conversation_id, r.run_id, r.max_rows FROM req r JOIN conv ON conv.id = r.conversation_id
+	-- A conversation that enqueues double texts answers one message per
+	-- turn.
+	SELECT r.conversation_id, r.run_id, CASE WHEN conv.double_texting = 'enqueue' THEN 1 ELSE r.max_rows END AS max_rows
+	FROM req r JOIN conv ON conv.id = r.conversation_id
 	WHERE conv.run_id IS NULL AND NOT conv.waiting AND conv.approval_id IS NULL),
 turn AS (
 	SELECT f.conversation_id, f.run_id, f.max_rows, t.id, t.rn FROM free f CROSS JOIN LATERAL (
@@ -236,18 +275,21 @@ claimed AS (
 	FROM turn t WHERE o.id = t.id AND (t.max_rows < 0 OR t.rn <= t.max_rows) AND o.status = 'pending'
 	RETURNING o.id, o.conversation_id, o.attempts, o.created_at, o.message_id, o.trace_parent, o.generation, o.epoch, o.steps_turn_id),
 agg AS (
+	-- A journaled turn keeps the id its steps were journaled under,
+	-- whichever version of Baton derived it.
 	SELECT conversation_id, array_agg(id ORDER BY id) AS ids,
 		array_agg(coalesce(trace_parent, '') ORDER BY id) AS trace_parents,
-		'turn_' || left(encode(sha256(convert_to(string_agg(id::text, ',' ORDER BY id)
-			|| CASE WHEN max(generation) > 0 THEN '#' || max(generation) ELSE '' END, 'UTF8')), 'hex'), 32) AS turn_id,
+		coalesce(max(steps_turn_id), baton_turn_id(conversation_id, array_agg(id), max(generation))) AS turn_id,
+		baton_reply_id(conversation_id, array_agg(id), max(generation)) AS reply_id,
 		max(attempts) AS attempts, max(generation) AS generation, max(epoch) AS epoch, bool_or(steps_turn_id IS NOT NULL) AS journaled,
 		min(created_at) AS first_created_at
 	FROM claimed GROUP BY conversation_id),` + leaseRunSQL + `
 SELECT r.ord, conv.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id),
 	conv.run_id, conv.lease_expires_at, coalesce(conv.expired, false), coalesce(conv.gone, false),
 	conv.not_before, coalesce(conv.waiting, false), conv.approval_id,
-	agg.ids, agg.trace_parents, agg.turn_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
+	agg.ids, agg.trace_parents, agg.turn_id, agg.reply_id, agg.attempts, agg.generation, agg.epoch, coalesce(agg.journaled, false), conv.owner_name, agg.first_created_at, run.lease_expires_at,
 	(SELECT count(*) FROM turn WHERE turn.conversation_id = r.conversation_id),
+	coalesce(conv.double_texting, ''), (SELECT f.max_rows FROM free f WHERE f.conversation_id = r.conversation_id AND f.run_id = r.run_id),
 	(SELECT json_agg(json_build_object('id', m.id, 'conversation_id', m.conversation_id, 'role', m.role,
 		'content', m.content, 'created_at', m.created_at, 'seq', m.seq) ORDER BY m.seq)
 	 FROM messages m JOIN claimed c ON c.message_id = m.id WHERE c.conversation_id = r.conversation_id),
@@ -298,13 +340,15 @@ type claimRow struct {
 	approvalID               *int64
 	ids                      []int64
 	traceParents             []string
-	turnID                   *string
+	turnID, replyID          *string
 	attempts, generation     *int
 	epoch                    *int
 	journaled                bool
 	ownerName                *string
 	firstCreated, leaseUntil *time.Time
 	pending                  int64
+	policy                   string
+	maxRows                  *int64
 	messages, history        []byte
 }
 
@@ -356,8 +400,8 @@ func claimScan(ctx context.Context, db Executor, ps []ClaimParams, which []int, 
 		var ord int64
 		var r claimRow
 		if err := rows.Scan(&ord, &r.exists, &r.inSnapshot, &r.owner, &r.expires, &r.expired, &r.gone, &r.notBefore, &r.waiting, &r.approvalID,
-			&r.ids, &r.traceParents, &r.turnID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
-			&r.pending, &r.messages, &r.history); err != nil {
+			&r.ids, &r.traceParents, &r.turnID, &r.replyID, &r.attempts, &r.generation, &r.epoch, &r.journaled, &r.ownerName, &r.firstCreated, &r.leaseUntil,
+			&r.pending, &r.policy, &r.maxRows, &r.messages, &r.history); err != nil {
 			return nil, err
 		}
 		if ord < 1 || ord > int64(n) {
@@ -381,12 +425,12 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 	case r.waiting:
 		return Claim{}, TurnInput{}, &WaitError{NotBefore: *r.notBefore}
 	}
-	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID}
+	c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, DoubleTexting: DoubleTexting(r.policy)}
 	var in TurnInput
 	if len(r.ids) == 0 {
 		return c, in, nil
 	}
-	c.OutboxIDs, c.TurnID, c.Attempts, c.Generation, c.Epoch = r.ids, *r.turnID, *r.attempts, *r.generation, *r.epoch
+	c.OutboxIDs, c.TurnID, c.replyID, c.Attempts, c.Generation, c.Epoch = r.ids, *r.turnID, *r.replyID, *r.attempts, *r.generation, *r.epoch
 	c.Journaled = r.journaled
 	if r.ownerName != nil {
 		c.Owner = *r.ownerName
@@ -397,7 +441,9 @@ func (r claimRow) claim(p ClaimParams) (Claim, TurnInput, error) {
 		}
 	}
 	c.FirstCreatedAt, c.LeaseExpiresAt = *r.firstCreated, *r.leaseUntil
-	c.More = p.MaxRows > 0 && r.pending > int64(p.MaxRows)
+	// The cap the statement applied: the claim's, or one message for a
+	// conversation that enqueues.
+	c.More = r.maxRows != nil && *r.maxRows > 0 && r.pending > *r.maxRows
 	if err := json.Unmarshal(r.messages, &in.Messages); err != nil {
 		return c, in, fmt.Errorf("claim: read the turn's messages: %w", err)
 	}
@@ -491,7 +537,7 @@ func claimTx(ctx context.Context, tx Executor, p ClaimParams, historyLimit int, 
 		}
 	}
 	if r.parked() {
-		c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, Recovered: recovered}
+		c := Claim{RunID: p.RunID, ConversationID: p.ConversationID, Recovered: recovered, DoubleTexting: DoubleTexting(r.policy)}
 		resumed, err := claimResumeTx(ctx, tx, &c, p, *r.approvalID)
 		if err != nil {
 			return c, TurnInput{}, err
@@ -514,11 +560,20 @@ func claimTx(ctx context.Context, tx Executor, p ClaimParams, historyLimit int, 
 }
 
 // takeLeaseTx takes the conversation's lease for a resumed turn, whose
-// rows claimResumeRowsTx took, and records its run (leaseRunSQL).
+// rows claimResumeRowsTx took, and records its run (leaseRunSQL). The
+// turn keeps the id of the turn that stopped (c.TurnID); its reply gets
+// the id its rows derive.
 func takeLeaseTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams) error {
 	slices.Sort(c.OutboxIDs)
-	c.TurnID = TurnIDOf(c.OutboxIDs, c.Generation)
-	err := tx.QueryRow(ctx, `
+	turnID, replyID, err := TurnIDs(ctx, tx, p.ConversationID, c.OutboxIDs, c.Generation)
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	if c.TurnID == "" {
+		c.TurnID = turnID
+	}
+	c.replyID = replyID
+	err = tx.QueryRow(ctx, `
 		WITH req AS (
 			SELECT $1::text AS conversation_id, $2::text AS run_id, $3::float8 AS lease_secs, $6::text AS worker, $7::integer AS session),
 		agg AS (SELECT $1::text AS conversation_id, $4::text AS turn_id, $5::bigint[] AS ids),`+leaseRunSQL+`
@@ -547,7 +602,7 @@ func claimResumeTx(ctx context.Context, tx Executor, c *Claim, p ClaimParams, ap
 			return false, err
 		}
 		if ok {
-			c.Resume = r
+			c.Resume, c.TurnID = r, r.TurnID
 			return true, takeLeaseTx(ctx, tx, c, p)
 		}
 		// The rows say the turn cannot resume: forget the approval.

@@ -41,6 +41,15 @@ func (b turnBundle) conversation(t *testing.T, id string) {
 // key is the key of a conversation created by conversation.
 func (b turnBundle) key(id string) string { return b.keys[id] }
 
+// turnID is the id a claim derives for a turn over rows of a conversation
+// at a generation.
+func (b turnBundle) turnID(t *testing.T, conversationID string, ids []int64, generation int) string {
+	t.Helper()
+	turnID, _, err := schema.TurnIDs(context.Background(), b.db.Pool, b.key(conversationID), ids, generation)
+	require.NoError(t, err)
+	return turnID
+}
+
 func (b turnBundle) send(t *testing.T, conversationID, messageID, content string) int64 {
 	t.Helper()
 	var res schema.InsertResult
@@ -102,7 +111,7 @@ func TestClaimTakesExactlyThePendingRowsAndTheLease(t *testing.T) {
 	c, err := b.claim(t, "c", "run-1", time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, []int64{id1, id2}, c.OutboxIDs, "the claim returns the exact rows of the turn")
-	require.Equal(t, schema.TurnID([]int64{id1, id2}), c.TurnID)
+	require.Equal(t, b.turnID(t, "c", []int64{id1, id2}, 0), c.TurnID)
 	require.Equal(t, 1, c.Attempts)
 	require.Equal(t, []string{"processing", "processing"}, b.statuses(t, "c"))
 

@@ -5,44 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// MaxIDLength is the longest conversation or message ID, in characters.
-const MaxIDLength = 200
-
-// ValidateID checks a client-chosen conversation or message ID: 1 to 200
-// characters of valid UTF-8 without control characters and without
-// leading or trailing whitespace (which does not survive NATS headers and
-// is never what a user meant). Dots, '*', '>', inner spaces and non-ASCII
-// letters are allowed. The producer functions hold ids to the same rules
-// in SQL (baton_check_id, migration 00015); this lets a caller answer a bad
-// id before it reaches the database.
-func ValidateID(kind, id string) error {
-	if id == "" {
-		return fmt.Errorf("%s id is empty: give 1 to %d characters", kind, MaxIDLength)
-	}
-	if !utf8.ValidString(id) {
-		return fmt.Errorf("%s id is not valid UTF-8", kind)
-	}
-	if n := utf8.RuneCountInString(id); n > MaxIDLength {
-		return fmt.Errorf("%s id is %d characters long: the limit is %d", kind, n, MaxIDLength)
-	}
-	for _, r := range id {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%s id contains the control character %U: use printable characters only", kind, r)
-		}
-	}
-	first, _ := utf8.DecodeRuneInString(id)
-	last, _ := utf8.DecodeLastRuneInString(id)
-	if unicode.IsSpace(first) || unicode.IsSpace(last) {
-		return fmt.Errorf("%s id %q starts or ends with whitespace: remove it", kind, id)
-	}
-	return nil
-}
 
 // TurnState is the state of a conversation's work, derived from its outbox
 // rows.
@@ -75,24 +40,56 @@ type Conversation struct {
 	LastMessageAt *time.Time `json:"last_message_at"`
 	UnreadCount   int        `json:"unread_count"`
 	TurnState     TurnState  `json:"turn_state"`
+	// DoubleTexting is what a message does that arrives while a turn
+	// runs.
+	DoubleTexting DoubleTexting `json:"double_texting"`
+	// Salt is the conversation's secret: its turn and reply ids and its
+	// cursors derive from it (see Cursor). Clients never see it.
+	Salt []byte `json:"-"`
 }
 
 // CreateConversation creates a conversation owned by ownerID under the
-// owner's id for it. Creating an existing conversation of the same owner
-// again is not an error (created is false). Ids are per owner: another
-// owner's conversation of the same id is a different conversation. A bad
-// id, or a title over MaxTitleLength, is ErrInvalid and creates nothing.
+// owner's id for it, with the default policy (DefaultDoubleTexting); see
+// CreateConversationWith.
+func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
+	return CreateConversationWith(ctx, db, ownerID, NewConversation{ID: id, Title: title})
+}
+
+// NewConversation is a conversation to create.
+type NewConversation struct {
+	// ID is the owner's id for it.
+	ID    string
+	Title string
+	// DoubleTexting is its policy for a message that arrives while a
+	// turn runs. Defaults to DefaultDoubleTexting (the column's default).
+	DoubleTexting DoubleTexting
+}
+
+// CreateConversationWith creates a conversation owned by ownerID. Creating
+// an existing conversation of the same owner again is not an error
+// (created is false), and changes nothing: neither its title nor its
+// policy. Ids are per owner: another owner's conversation of the same id
+// is a different conversation. A bad id, a title over MaxTitleLength or
+// one that text cannot hold (ErrBadText), or a policy that is not one is
+// ErrInvalid and creates nothing.
 //
 // It is one call of the SQL function baton_create_conversation_for_owner
-// (migration 00015), which the SQL producer's baton_create_conversation
-// calls too.
-func CreateConversation(ctx context.Context, db Executor, ownerID int64, id, title string) (c Conversation, created bool, err error) {
+// (migrations 00015 and 00023), which the SQL producer's
+// baton_create_conversation calls too.
+func CreateConversationWith(ctx context.Context, db Executor, ownerID int64, n NewConversation) (c Conversation, created bool, err error) {
+	if err := ValidateText("title", n.Title); err != nil {
+		return Conversation{}, false, err
+	}
+	var policy *string
+	if n.DoubleTexting != "" {
+		policy = (*string)(&n.DoubleTexting)
+	}
 	var existed bool
-	err = db.QueryRow(ctx, `SELECT existed FROM baton_create_conversation_for_owner($1, $2, $3)`, ownerID, id, title).Scan(&existed)
+	err = db.QueryRow(ctx, `SELECT existed FROM baton_create_conversation_for_owner($1, $2, $3, $4)`, ownerID, n.ID, n.Title, policy).Scan(&existed)
 	if err != nil {
 		return Conversation{}, false, producerError("create conversation", err)
 	}
-	c, err = GetConversation(ctx, db, ownerID, id)
+	c, err = GetConversation(ctx, db, ownerID, n.ID)
 	return c, !existed, err
 }
 
@@ -106,13 +103,13 @@ const conversationColumns = `
 			THEN CASE WHEN c.not_before > now() THEN 'waiting' ELSE 'pending' END
 		WHEN (SELECT o.status FROM agent_outbox o WHERE o.conversation_id = c.id ORDER BY o.id DESC LIMIT 1) = 'error' THEN 'failed'
 		ELSE 'idle'
-	END`
+	END, c.double_texting, c.id_salt`
 
 func scanConversation(row pgx.Row) (Conversation, error) {
 	var c Conversation
-	var state string
-	err := row.Scan(&c.ID, &c.Key, &c.RunID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state)
-	c.TurnState = TurnState(state)
+	var state, policy string
+	err := row.Scan(&c.ID, &c.Key, &c.RunID, &c.Title, &c.CreatedAt, &c.UpdatedAt, &c.LastMessageAt, &c.UnreadCount, &state, &policy, &c.Salt)
+	c.TurnState, c.DoubleTexting = TurnState(state), DoubleTexting(policy)
 	return c, err
 }
 

@@ -13,8 +13,9 @@ type Finalize struct {
 	RunID          string
 	TurnID         string
 	OutboxIDs      []int64
-	// Generation is the claim's (Claim.Generation): the reply's ID is
-	// ReplyID(OutboxIDs, Generation).
+	// Generation is the claim's (Claim.Generation): the reply's ID
+	// derives from OutboxIDs and Generation, as the claim's does (see
+	// TurnIDs).
 	Generation int
 	// Content of the assistant reply.
 	Content string
@@ -45,6 +46,12 @@ type Finalized struct {
 	// Stopped is set when the reply was committed as stopped: asked for
 	// (Finalize.Stopped) or because the run had been asked to stop.
 	Stopped bool
+	// Interrupted is set when a newer message interrupted the run
+	// (DoubleTextingInterrupt) and the run started no write: its stopped
+	// reply is kept, marked superseded, and the turn's rows are pending
+	// again, with one more generation (the next turn's reply gets an id
+	// of its own), for the next turn to answer with the newer messages.
+	Interrupted bool
 }
 
 // finalizeSQL is the finalize, in one statement, for any number of turns:
@@ -62,18 +69,24 @@ type Finalized struct {
 // add a second one: a reply that exists already is not written again, and
 // its row says so.
 const finalizeSQL = `
-WITH asked AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[], $11::text[])
-		WITH ORDINALITY AS r(conversation_id, run_id, message_id, turn_id, content, truncated, supersede_if_newer, stopped, reasoning, ord)),
+WITH given AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::bool[], $7::bool[], $10::bool[], $11::text[])
+		WITH ORDINALITY AS r(conversation_id, run_id, generation, turn_id, content, truncated, supersede_if_newer, stopped, reasoning, ord)),
 ids AS (SELECT * FROM unnest($8::bigint[], $9::text[]) AS i(id, run_id)),
+asked AS (
+	SELECT g.*, baton_reply_id(g.conversation_id, (SELECT array_agg(i.id) FROM ids i WHERE i.run_id = g.run_id), g.generation) AS message_id
+	FROM given g),
 owner AS (
-	SELECT c.id, c.run_id, c.stop_run_id FROM conversations c
+	SELECT c.id, c.run_id, c.stop_run_id, c.interrupted_run_id FROM conversations c
 	WHERE c.id = ANY($1) AND c.run_id = ANY($2) ORDER BY c.id FOR NO KEY UPDATE),
 req AS (
 	-- A run that was asked to stop (read from the locked row, as the stop
-	-- left it) ends stopped, never superseded.
+	-- left it) ends stopped, never superseded. One that a newer message
+	-- interrupted gives its rows back, to be answered with it, unless it
+	-- started a write.
 	SELECT r.conversation_id, r.run_id, r.message_id, r.turn_id, r.content, r.truncated, r.supersede_if_newer,
-		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, nullif(r.reasoning, '') AS reasoning, r.ord
+		r.stopped OR coalesce(o.stop_run_id = r.run_id, false) AS stopped, nullif(r.reasoning, '') AS reasoning,
+		coalesce(o.stop_run_id = r.run_id AND o.interrupted_run_id = r.run_id, false) AND NOT ` + wroteSQL + ` AS requeue, r.ord
 	FROM asked r LEFT JOIN owner o ON o.id = r.conversation_id AND o.run_id = r.run_id),
 held AS (
 	SELECT i.run_id, bool_and(o.id IS NOT NULL) AS all_held FROM ids i
@@ -82,8 +95,7 @@ held AS (
 newer AS (
 	SELECT r.run_id, r.supersede_if_newer AND NOT r.stopped
 		AND EXISTS (SELECT 1 FROM agent_outbox o WHERE o.conversation_id = r.conversation_id AND o.status = 'pending')
-		AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.effect = 'write'
-			AND (p.run_id = r.run_id OR (p.conversation_id = r.conversation_id AND p.turn_id = r.turn_id))) AS found
+		AND NOT ` + wroteSQL + ` AS found
 	FROM req r),
 fence AS (
 	SELECT r.* FROM req r
@@ -92,12 +104,22 @@ fence AS (
 	JOIN newer ON newer.run_id = r.run_id
 	WHERE held.all_held AND NOT newer.found),
 reply AS (
-	INSERT INTO messages (id, conversation_id, role, content, reasoning, truncated, stopped, run_id, turn_id)
-	SELECT message_id, conversation_id, 'assistant', content, reasoning, truncated, stopped, run_id, turn_id FROM fence
+	-- An interrupted run's reply is superseded by the one the next turn
+	-- writes: it stays, but is history no more.
+	INSERT INTO messages (id, conversation_id, role, content, reasoning, truncated, stopped, run_id, turn_id, superseded_at)
+	SELECT message_id, conversation_id, 'assistant', content, reasoning, truncated, stopped, run_id, turn_id, CASE WHEN requeue THEN now() END FROM fence
 	ON CONFLICT (id) DO NOTHING
-	RETURNING id, conversation_id, run_id, stopped),
+	RETURNING id, conversation_id, run_id, stopped, superseded_at IS NOT NULL AS requeued),
 done AS (
-	UPDATE agent_outbox o SET status = 'done', processed_at = now()
+	-- Given back, as SupersedeTx gives rows back (the attempt did not
+	-- fail), with one more generation: the next turn over them has an
+	-- identity and a reply id of its own.
+	UPDATE agent_outbox o SET status = CASE WHEN reply.requeued THEN 'pending' ELSE 'done' END,
+		processed_at = CASE WHEN reply.requeued THEN NULL ELSE now() END,
+		run_id = CASE WHEN reply.requeued THEN NULL ELSE o.run_id END,
+		attempts = CASE WHEN reply.requeued THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
+		generation = o.generation + CASE WHEN reply.requeued THEN 1 ELSE 0 END,
+		steps_turn_id = CASE WHEN reply.requeued THEN NULL ELSE o.steps_turn_id END
 	FROM ids i JOIN reply ON reply.run_id = i.run_id
 	WHERE o.id = i.id AND o.run_id = i.run_id AND o.status = 'processing'
 	RETURNING 1),
@@ -119,7 +141,7 @@ run AS (
 	RETURNING 1)
 SELECT r.ord, owner.id IS NOT NULL, EXISTS (SELECT 1 FROM conversations x WHERE x.id = r.conversation_id AND x.run_id = r.run_id),
 	coalesce(held.all_held, false), coalesce(newer.found, false), reply.id IS NOT NULL,
-	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false)
+	(SELECT count(*) FROM ops WHERE ops.run_id = r.run_id), coalesce(reply.stopped, false), coalesce(reply.requeued, false), r.message_id
 FROM req r
 LEFT JOIN owner ON owner.id = r.conversation_id AND owner.run_id = r.run_id
 LEFT JOIN held ON held.run_id = r.run_id
@@ -135,8 +157,10 @@ var finalizeNoWaitSQL = noWait(finalizeSQL, "ORDER BY c.id FOR NO KEY UPDATE)")
 
 // finalizeRow is one turn's row of finalizeSQL.
 type finalizeRow struct {
-	owned, ownedInSnapshot, allHeld, newer, replied, stopped bool
-	operations                                               int64
+	owned, ownedInSnapshot, allHeld, newer, replied, stopped, requeued bool
+	operations                                                         int64
+	// messageID is the reply's ID, derived from the turn.
+	messageID string
 }
 
 // handBack reports whether the fence held but a newer message supersedes
@@ -156,19 +180,20 @@ func (r finalizeRow) finalized(ctx context.Context, db Executor, f Finalize) (Fi
 		// ID, and that one released the rows: this run lost them.
 		return Finalized{}, fmt.Errorf("%w: turn %s already has its reply", ErrLeaseLost, f.TurnID)
 	}
-	return Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation), Operations: r.operations, Stopped: r.stopped}, nil
+	return Finalized{MessageID: r.messageID, Operations: r.operations, Stopped: r.stopped, Interrupted: r.requeued}, nil
 }
 
 // finalizeScan runs finalizeSQL (finalizeNoWaitSQL with skipLocked) for
 // the turns fs, returning their rows in that order.
 func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bool) ([]finalizeRow, error) {
 	n := len(fs)
-	convs, runs, msgIDs, turnIDs, contents, reasoning := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	convs, runs, turnIDs, contents, reasoning := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	generations := make([]int32, n)
 	truncated, supersede, stopped := make([]bool, n), make([]bool, n), make([]bool, n)
 	var ids []int64
 	var idRuns []string
 	for i, f := range fs {
-		convs[i], runs[i], msgIDs[i], turnIDs[i], contents[i], reasoning[i] = f.ConversationID, f.RunID, ReplyID(f.OutboxIDs, f.Generation), f.TurnID, f.Content, f.Reasoning
+		convs[i], runs[i], generations[i], turnIDs[i], contents[i], reasoning[i] = f.ConversationID, f.RunID, int32(f.Generation), f.TurnID, f.Content, f.Reasoning
 		truncated[i], supersede[i], stopped[i] = f.Truncated, f.SupersedeIfNewer, f.Stopped
 		for _, id := range f.OutboxIDs {
 			ids, idRuns = append(ids, id), append(idRuns, f.RunID)
@@ -178,7 +203,7 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 	if skipLocked {
 		query = finalizeNoWaitSQL
 	}
-	rows, err := db.Query(ctx, query, convs, runs, msgIDs, turnIDs, contents, truncated, supersede, ids, idRuns, stopped, reasoning)
+	rows, err := db.Query(ctx, query, convs, runs, generations, turnIDs, contents, truncated, supersede, ids, idRuns, stopped, reasoning)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +212,7 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 	for rows.Next() {
 		var ord int64
 		var r finalizeRow
-		if err := rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped); err != nil {
+		if err := rows.Scan(&ord, &r.owned, &r.ownedInSnapshot, &r.allHeld, &r.newer, &r.replied, &r.operations, &r.stopped, &r.requeued, &r.messageID); err != nil {
 			return nil, err
 		}
 		if ord < 1 || ord > int64(n) {
@@ -203,7 +228,9 @@ func finalizeScan(ctx context.Context, db Executor, fs []Finalize, skipLocked bo
 // redelivered trigger can never add a second one), the run's operations attached to it by run ID,
 // the claimed rows done, the conversation's ordering and unread metadata,
 // the lease released and the run recorded as finalized. A run that was
-// asked to stop (StopTx) ends stopped (Finalized.Stopped). With
+// asked to stop (StopTx) ends stopped (Finalized.Stopped); one that a
+// newer message interrupted gives its rows back (Finalized.Interrupted).
+// With
 // SupersedeIfNewer and a newer message pending, the turn is handed back
 // instead (SupersedeTx, Finalized.Superseded).
 //
@@ -235,6 +262,13 @@ func FinalizeTx(ctx context.Context, tx Executor, f Finalize) (Finalized, error)
 	f.SupersedeIfNewer = false
 	return FinalizeTx(ctx, tx, f)
 }
+
+// wroteSQL is true when the run r.run_id, or its turn r.turn_id in
+// r.conversation_id in any run, started a write: such a turn may have had
+// a side effect, so it is never handed back to be answered again, by a
+// newer message (superseding) or by an interrupt.
+const wroteSQL = `EXISTS (SELECT 1 FROM operations p WHERE p.effect = 'write'
+	AND (p.run_id = r.run_id OR (p.conversation_id = r.conversation_id AND p.turn_id = r.turn_id)))`
 
 // stoppedRunsSQL selects the runs of the turn req.turn_id in
 // req.conversation_id that stopped for an approval: the turn's reply

@@ -14,14 +14,18 @@ import (
 // between after the first commit. A worker that dies there leaves done rows
 // without a reply, which the harness must report.
 func FinalizeSplit(ctx context.Context, db Beginner, f Finalize, between func()) (Finalized, error) {
-	out := Finalized{MessageID: ReplyID(f.OutboxIDs, f.Generation)}
+	var out Finalized
+	var err error
+	if _, out.MessageID, err = TurnIDs(ctx, db, f.ConversationID, f.OutboxIDs, f.Generation); err != nil {
+		return out, err
+	}
 	if _, err := db.Exec(ctx, `
 		UPDATE agent_outbox SET status = 'done', processed_at = now()
 		WHERE id = ANY($1) AND run_id = $2 AND status = 'processing'`, f.OutboxIDs, f.RunID); err != nil {
 		return out, err
 	}
 	between()
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO messages (id, conversation_id, role, content, run_id, turn_id)
 			VALUES ($1, $2, 'assistant', $3, $4, $5)`, out.MessageID, f.ConversationID, f.Content, f.RunID, f.TurnID); err != nil {

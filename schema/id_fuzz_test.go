@@ -14,7 +14,7 @@ import (
 // without control characters or surrounding whitespace: what the
 // database's length checks, NATS headers and the page can all hold.
 func FuzzValidateID(f *testing.F) {
-	for _, seed := range []string{"demo", "", " demo", "demo ", "a.b*c> d", "ünï", "a\x00b", "\xff", strings.Repeat("x", 201), "\u00a0x", "x\u2003"} {
+	for _, seed := range []string{"demo", "", " demo", "demo ", "a.b*c> d", "ünï", "a\x00b", "\xff", strings.Repeat("x", 201), "\u00a0x", "x\u2003", ".", "..", "reply_1", "error_1"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
@@ -32,6 +32,12 @@ func FuzzValidateID(f *testing.F) {
 		}
 		if strings.TrimSpace(id) != id {
 			t.Fatalf("accepted %q with surrounding whitespace", id)
+		}
+		if id == "." || id == ".." {
+			t.Fatalf("accepted %q, which a URL's path drops", id)
+		}
+		if schema.ValidateID("message", id) == nil && (strings.HasPrefix(id, "reply_") || strings.HasPrefix(id, "error_")) {
+			t.Fatalf("accepted message id %q, a prefix of the server's messages", id)
 		}
 	})
 }

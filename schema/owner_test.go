@@ -54,7 +54,7 @@ func TestTwoOwnersUseTheSameIdsWithoutMeeting(t *testing.T) {
 	require.True(t, again.Existed, "my retry is recognized")
 	require.Equal(t, a.OutboxID, again.OutboxID)
 
-	msgs, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "demo", 0, 10)
+	msgs, _, err := schema.ListMessages(ctx, b.db.Pool, b.owner, "demo", "", 10)
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 	require.Equal(t, "m1", msgs[0].ID)
@@ -134,7 +134,7 @@ func TestRetriesOfAConversationAreLimitedPerHour(t *testing.T) {
 		var res schema.RetryResult
 		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 			var err error
-			res, err = schema.RetryFailedTx(ctx, tx, b.owner, "c", 2)
+			res, err = schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: b.owner, ConversationID: "c", MaxPerHour: 2})
 			return err
 		})
 		return res, err

@@ -30,9 +30,10 @@ type Message struct {
 	// Status is the outbox status of a user message (pending, processing,
 	// done, error); nil for other roles.
 	Status *string `json:"status,omitempty"`
-	// Seq orders the messages of a conversation; it is also the cursor of
-	// ListMessages.
-	Seq int64 `json:"seq"`
+	// Seq orders the messages of the whole server; clients never see it
+	// (it would count every message). A page's cursor holds it encrypted
+	// (Conversation.Cursor).
+	Seq int64 `json:"-"`
 	// Truncated marks a reply the model cut off before its end.
 	Truncated bool `json:"truncated,omitempty"`
 	// Stopped marks a reply that a stop ended: what the run had written.
@@ -69,6 +70,13 @@ type InsertResult struct {
 	// Existed is true when the message had been stored before (a client
 	// retry): no second outbox row was written and no second turn follows.
 	Existed bool
+	// InterruptedRunID is the run that this message asked to stop, under
+	// the conversation's DoubleTextingInterrupt; empty when none. After
+	// the commit, tell its worker as a stop is told
+	// (nats.StopSubject(ConversationKey, InterruptedRunID)); a worker
+	// that hears nothing learns it when the message's trigger reaches it,
+	// or at its next lease renewal.
+	InterruptedRunID string
 }
 
 // InsertMessageTx stores a user message and its outbox row in the caller's
@@ -77,8 +85,16 @@ type InsertResult struct {
 // again with the same id and content writes nothing and reports Existed;
 // the same id with other content, or in another of the owner's
 // conversations, is ErrConflict. A conversation the owner does not have is
-// ErrNotFound; a bad id or empty content ErrInvalid; content over
+// ErrNotFound; a bad id, empty content or content that text cannot hold
+// (U+0000, invalid UTF-8: ErrBadText) ErrInvalid, a message id of the
+// server's (ValidateID) ErrReservedID; content over
 // MaxContentBytes ErrContentTooLarge. On an error nothing is written.
+//
+// The conversation's double texting applies (see DoubleTexting): under
+// DoubleTextingReject, a new message while a turn runs or waits is
+// ErrTurnRunning (a *ProducerError whose message names the approval the
+// turn waits for, if any); under DoubleTextingInterrupt, the running turn
+// is asked to stop in this transaction (InterruptedRunID).
 //
 // It is one call of the SQL function baton_send_message_for_owner
 // (migration 00015), the write path that the SQL producer's
@@ -90,19 +106,26 @@ type InsertResult struct {
 // The caller commits: the message and its outbox row become visible
 // together, or not at all.
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
+	if err := ValidateText("content", m.Content); err != nil {
+		return InsertResult{}, err
+	}
 	res := InsertResult{Message: Message{ID: m.MessageID, ConversationID: m.ConversationID, Role: RoleUser, Content: m.Content}}
 	var outboxID *int64
+	var interrupted *string
 	err := tx.QueryRow(ctx, `
-		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed
+		SELECT conversation_key, message_key, outbox_id, message_seq, message_created_at, outbox_status, existed, interrupted_run_id
 		FROM baton_send_message_for_owner($1, $2, $3, $4, $5)`,
 		m.OwnerID, m.ConversationID, m.MessageID, m.Content, m.TraceParent).Scan(
-		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed)
+		&res.ConversationKey, &res.MessageKey, &outboxID, &res.Message.Seq, &res.Message.CreatedAt, &res.Message.Status, &res.Existed, &interrupted)
 	if err != nil {
 		return InsertResult{}, producerError("store the message", err)
 	}
 	if outboxID != nil {
 		// A retry of a message whose outbox row was pruned has none.
 		res.OutboxID = *outboxID
+	}
+	if interrupted != nil {
+		res.InterruptedRunID = *interrupted
 	}
 	return res, nil
 }
@@ -114,22 +137,39 @@ const (
 )
 
 // ListMessages returns up to limit messages of ownerID's conversation with
-// the given id, oldest first, after the message whose Seq is after (0 for
-// the start), each user message with its outbox status (or "stopped",
-// for one a stop settled before a turn answered it). The last
-// message's Seq is the cursor of the next page.
-func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after int64, limit int) ([]Message, error) {
+// the given id, oldest first, after the cursor after (a page's next, ""
+// for the start), each user message with its outbox status (or "stopped",
+// for one a stop settled before a turn answered it), and the cursor of
+// the next page, "" when none follows. A cursor that is not the
+// conversation's is ErrBadCursor.
+func ListMessages(ctx context.Context, db Executor, ownerID int64, conversationID string, after string, limit int) (msgs []Message, next string, err error) {
 	c, err := GetConversation(ctx, db, ownerID, conversationID)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	var from int64
+	if after != "" {
+		if from, err = c.Position(after); err != nil {
+			return nil, "", err
+		}
+	}
+	// One more than asked tells whether another page follows.
+	msgs, err = listMessages(ctx, db, c.Key, conversationID, from, limit+1)
+	if err != nil || len(msgs) <= limit {
+		return msgs, "", err
+	}
+	msgs = msgs[:limit]
+	return msgs, c.Cursor(msgs[limit-1].Seq), nil
+}
+
+func listMessages(ctx context.Context, db Executor, key, conversationID string, after int64, limit int) ([]Message, error) {
 	rows, err := db.Query(ctx, `
 		SELECT coalesce(m.public_id, m.id), m.role, m.content, coalesce(m.reasoning, ''), m.created_at, m.seq,
 			CASE WHEN o.stopped_at IS NOT NULL THEN 'stopped' ELSE o.status END, m.truncated, m.stopped, m.superseded_at IS NOT NULL
 		FROM messages m LEFT JOIN agent_outbox o ON o.message_id = m.id
 		WHERE m.conversation_id = $1 AND m.seq > $2
 		ORDER BY m.seq
-		LIMIT $3`, c.Key, after, limit)
+		LIMIT $3`, key, after, limit)
 	if err != nil {
 		return nil, err
 	}

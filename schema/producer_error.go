@@ -40,11 +40,28 @@ const (
 	SQLStateContentTooLarge = "PB005"
 	// SQLStateBadTitle: the title is over MaxTitleLength.
 	SQLStateBadTitle = "PB006"
+	// SQLStateBadDoubleTexting: the double texting policy is not one of
+	// DoubleTextingPolicies.
+	SQLStateBadDoubleTexting = "PB007"
+	// SQLStateReservedMessageID: the message id starts with a prefix of
+	// the server's own messages ("reply_", "error_"); see ValidateID.
+	SQLStateReservedMessageID = "PB013"
 	// SQLStateUnknownConversation: the user has no conversation of that id.
 	SQLStateUnknownConversation = "PB010"
 	// SQLStateConflict: the user's message id was used for other content
 	// or in another conversation.
 	SQLStateConflict = "PB011"
+	// SQLStateTurnRunning: the conversation's double texting is reject,
+	// and a turn of it runs or waits (for a worker, or for an approval,
+	// which the message names).
+	SQLStateTurnRunning = "PB012"
+)
+
+// What PostgreSQL answers to text it cannot hold: bytes that are not
+// UTF-8 (U+0000 among them) in a text value, "\u0000" in a JSON one.
+const (
+	sqlStateBadEncoding    = "22021"
+	sqlStateUntranslatable = "22P05"
 )
 
 var (
@@ -57,7 +74,8 @@ var (
 // ProducerError is an error a producer function raised: its SQLSTATE and
 // its message, which says what to fix. errors.Is finds the package's error
 // of its kind in it (ErrNotFound, ErrConflict, ErrInvalid,
-// ErrContentTooLarge), and errors.As the driver's *pgconn.PgError.
+// ErrContentTooLarge, ErrTurnRunning, ErrReservedID, ErrBadText), and
+// errors.As the driver's *pgconn.PgError.
 type ProducerError struct {
 	// Code is the SQLSTATE, one of the SQLState constants.
 	Code string
@@ -84,7 +102,15 @@ func producerError(doing string, err error) error {
 			kind = ErrConflict
 		case SQLStateContentTooLarge:
 			kind = ErrContentTooLarge
-		case SQLStateBadUserID, SQLStateBadConversationID, SQLStateBadMessageID, SQLStateEmptyContent, SQLStateBadTitle:
+		case SQLStateTurnRunning:
+			kind = ErrTurnRunning
+		case SQLStateReservedMessageID:
+			kind = ErrReservedID
+		case sqlStateBadEncoding, sqlStateUntranslatable:
+			// U+0000 or bytes that are not UTF-8, which a Go caller can
+			// send and no text column holds.
+			kind = ErrBadText
+		case SQLStateBadUserID, SQLStateBadConversationID, SQLStateBadMessageID, SQLStateEmptyContent, SQLStateBadTitle, SQLStateBadDoubleTexting:
 			kind = ErrInvalid
 		}
 		if kind != nil {

@@ -83,7 +83,7 @@ func TestGoAndSQLHoldIdsToTheSameRules(t *testing.T) {
 	db := testenv.Database(t)
 	ctx := context.Background()
 	ids := []string{"demo", "", "a.b*c> d", "ünï 漢字", "x", strings.Repeat("x", 200), strings.Repeat("x", 201),
-		strings.Repeat("ü", 200), strings.Repeat("ü", 201), `it's "q"; --`}
+		strings.Repeat("ü", 200), strings.Repeat("ü", 201), `it's "q"; --`, ".", "..", "...", " .", "a/../b", "reply_1", "error_x"}
 	for r := rune(1); r <= 0x3000; r++ {
 		if unicode.IsControl(r) || unicode.IsSpace(r) {
 			ids = append(ids, string(r)+"a", "a"+string(r)+"b", "a"+string(r), string(r))
@@ -100,6 +100,20 @@ func TestGoAndSQLHoldIdsToTheSameRules(t *testing.T) {
 			if !strings.Contains(goErr.Error(), "whitespace") {
 				require.Equal(t, goErr.Error(), pgErr.Message, "id %q: the same words in Go and SQL", id)
 			}
+		}
+	}
+	// A message id may not take a prefix of the server's own messages.
+	for _, id := range []string{"reply_1", "error_x", "reply_", "m1", "replyx", "a reply_1"} {
+		_, sqlErr := db.Pool.Exec(ctx, `SELECT baton_check_id('message', $1)`, id)
+		goErr := schema.ValidateID("message", id)
+		require.Equal(t, goErr == nil, sqlErr == nil, "message id %q: Go says %v, SQL says %v", id, goErr, sqlErr)
+		if goErr != nil {
+			require.ErrorIs(t, goErr, schema.ErrReservedID)
+			require.ErrorIs(t, goErr, schema.ErrInvalid)
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(sqlErr, &pgErr))
+			require.Equal(t, schema.SQLStateReservedMessageID, pgErr.Code, "message id %q", id)
+			require.Equal(t, goErr.Error(), pgErr.Message, "message id %q: the same words in Go and SQL", id)
 		}
 	}
 }

@@ -43,14 +43,14 @@ func TestFinalizeKeepsTheReasoningWithTheReply(t *testing.T) {
 	require.Equal(t, "The user asks why; answer briefly.", *stored)
 
 	for c, want := range map[string]string{"thought": "The user asks why; answer briefly.", "plain": ""} {
-		msgs, err := schema.ListMessages(ctx, b.db.Pool, b.owner, c, 0, 10)
+		msgs, _, err := schema.ListMessages(ctx, b.db.Pool, b.owner, c, "", 10)
 		require.NoError(t, err)
 		require.Len(t, msgs, 2)
 		require.Empty(t, msgs[0].Reasoning, "the user's message has none")
 		require.Equal(t, "Because.", msgs[1].Content, "%s: the reasoning is no part of the content", c)
 		require.Equal(t, want, msgs[1].Reasoning, c)
 
-		hist, _, err := schema.ChatHistory(ctx, b.db.Pool, b.owner, c, 0, 10)
+		hist, _, err := schema.ChatHistory(ctx, b.db.Pool, b.owner, c, "", 10)
 		require.NoError(t, err)
 		require.Len(t, hist, 2)
 		require.Equal(t, want, hist[1].Reasoning, c)

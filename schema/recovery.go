@@ -22,7 +22,9 @@ const (
 	RecoveryNone = "none"
 	// RecoveryStopped: the run had been asked to stop (StopTx); its turn
 	// ended stopped, with an empty reply (what it had written died with
-	// it), and is never retried.
+	// it), and is never retried. A run that a newer message interrupted
+	// (DoubleTextingInterrupt) and that started no write gives its rows
+	// back instead (RetryIDs), to be answered with the newer message.
 	RecoveryStopped = "stopped"
 )
 
@@ -32,14 +34,16 @@ type Recovery struct {
 	RunID          string
 	TurnID         string
 	Outcome        string
-	// RetryIDs are rows back in pending (RecoveryRetry); the caller
-	// announces them in the same transaction.
+	// RetryIDs are rows back in pending (RecoveryRetry, or an
+	// interrupted RecoveryStopped); the caller announces them in the same
+	// transaction.
 	RetryIDs []int64
 	// FailedIDs are rows that became error (RecoveryFailed).
 	FailedIDs []int64
 	// ErrorMessageID is the visible error of a RecoveryFailed run.
 	ErrorMessageID string
-	// StoppedIDs are the rows of a RecoveryStopped run, done, and
+	// StoppedIDs are the rows of a RecoveryStopped run, done (or pending
+	// again, in RetryIDs, when a newer message interrupted it), and
 	// ReplyID its stopped reply.
 	StoppedIDs []int64
 	ReplyID    string
@@ -126,7 +130,9 @@ const (
 //
 // A run that was asked to stop (StopTx) is settled as stopped instead,
 // whatever it did: its rows are done with an empty stopped reply, and
-// nothing of it runs again, a started write least of all.
+// nothing of it runs again, a started write least of all. One that a
+// newer message interrupted, and that started no write, gives its rows
+// back to be answered with that message (FinalizeTx).
 func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string, maxAttempts int, reason string) (Recovery, error) {
 	r := Recovery{ConversationID: conversationID, RunID: runID}
 	var outboxIDs []int64
@@ -154,6 +160,9 @@ func recoverRunTx(ctx context.Context, tx Executor, conversationID, runID string
 			return r, fmt.Errorf("recover stopped run %s: %w", runID, err)
 		}
 		r.Outcome, r.StoppedIDs, r.ReplyID = RecoveryStopped, outboxIDs, out.MessageID
+		if out.Interrupted {
+			r.RetryIDs = outboxIDs
+		}
 		return r, nil
 	}
 	var attempts int

@@ -9,10 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Errors of RegenerateTx.
+// Errors of RegenerateTx (and, for ErrTurnRunning, InsertMessageTx).
 var (
 	// ErrTurnRunning: a turn of the conversation runs or waits; nothing
-	// can be regenerated until it ends.
+	// can be regenerated until it ends, and a new message to a
+	// conversation whose double texting is DoubleTextingReject is refused.
 	ErrTurnRunning = errors.New("a turn of the conversation is running")
 	// ErrNotNewest: what was asked to be regenerated is not the newest
 	// turn of the conversation.
@@ -33,6 +34,10 @@ type Regenerate struct {
 	// MaxPerHour limits a conversation's retries and regenerations
 	// together (each gives the model a new round); < 1 means no limit.
 	MaxPerHour int
+	// RepeatWrites answers again a turn that made writes, which the new
+	// answer may make again. Defaults to false: such a turn is refused
+	// with a *WritesError.
+	RepeatWrites bool
 }
 
 // Regenerated says what RegenerateTx committed.
@@ -42,7 +47,7 @@ type Regenerated struct {
 	// caller to announce in the same transaction (AnnounceTx).
 	OutboxIDs []int64
 	// Generation is the rows' new generation: the new turn's reply is
-	// ReplyID(OutboxIDs, Generation).
+	// derived from OutboxIDs and Generation (see TurnIDs).
 	Generation int
 	// Superseded is the reply (or visible error) that the new turn
 	// replaces, kept and marked superseded; empty when the turn had none
@@ -61,7 +66,8 @@ type Regenerated struct {
 // It refuses with ErrTurnRunning while a run holds the conversation or a
 // message waits, with ErrNotNewest when the message or the reply is not
 // the conversation's newest turn, with ErrNotFound for an unknown
-// conversation or message, and with a *QuotaError past MaxPerHour.
+// conversation or message, with a *WritesError when the turn made writes
+// and RepeatWrites is not set, and with a *QuotaError past MaxPerHour.
 func RegenerateTx(ctx context.Context, tx Executor, g Regenerate) (Regenerated, error) {
 	var out Regenerated
 	var runID *string
@@ -119,6 +125,9 @@ func RegenerateTx(ctx context.Context, tx Executor, g Regenerate) (Regenerated, 
 	}
 	if g.ReplyID != "" && g.ReplyID != out.Superseded {
 		return out, fmt.Errorf("%w: %q is not the reply to message %q", ErrNotNewest, g.ReplyID, g.MessageID)
+	}
+	if err := checkRepeatTx(ctx, tx, out.ConversationKey, out.OutboxIDs, g.RepeatWrites); err != nil {
+		return out, err
 	}
 	// Nothing may follow the turn: no newer user message, no newer reply.
 	var newer bool

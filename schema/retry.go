@@ -45,7 +45,20 @@ type RetryResult struct {
 	OutboxIDs []int64
 }
 
-// RetryFailedTx puts the failed outbox rows of ownerID's conversation back
+// Retry says whose conversation's failed turn is retried, and how.
+type Retry struct {
+	OwnerID        int64
+	ConversationID string
+	// MaxPerHour limits the conversation's retries in any hour; < 1 means
+	// no limit.
+	MaxPerHour int
+	// RepeatWrites retries a turn that made writes, which the new attempt
+	// may make again. Defaults to false: such a turn is refused with a
+	// *WritesError.
+	RepeatWrites bool
+}
+
+// RetryFailedTx puts the failed outbox rows of the owner's conversation back
 // to pending with a fresh attempt budget, at the user's request, in a new
 // retry epoch: the turn's steps start over, and an agent gets step
 // identities it has not seen (see consumer.StepKey). The
@@ -55,8 +68,10 @@ type RetryResult struct {
 // A retry gives the model a new round of attempts, so a conversation's
 // retries are limited to maxPerHour in any hour: past it, a *QuotaError
 // says when the next one is allowed. A retry with nothing to retry does
-// not count. maxPerHour < 1 means no limit.
-func RetryFailedTx(ctx context.Context, tx Executor, ownerID int64, conversationID string, maxPerHour int) (RetryResult, error) {
+// not count. A turn that made writes is a *WritesError unless
+// RepeatWrites says to run it again all the same.
+func RetryFailedTx(ctx context.Context, tx Executor, p Retry) (RetryResult, error) {
+	ownerID, conversationID, maxPerHour := p.OwnerID, p.ConversationID, p.MaxPerHour
 	var res RetryResult
 	var windowStart *time.Time
 	var used int
@@ -76,6 +91,14 @@ func RetryFailedTx(ctx context.Context, tx Executor, ownerID int64, conversation
 	if maxPerHour > 0 && used >= maxPerHour {
 		return res, &QuotaError{What: "retries of a conversation", Limit: maxPerHour, Per: retryWindow,
 			RetryAfter: windowStart.Add(retryWindow).Sub(now)}
+	}
+	var failed []int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM agent_outbox WHERE conversation_id = $1 AND status = 'error'`,
+		res.ConversationKey).Scan(&failed); err != nil {
+		return res, fmt.Errorf("retry failed rows: %w", err)
+	}
+	if err := checkRepeatTx(ctx, tx, res.ConversationKey, failed, p.RepeatWrites); err != nil {
+		return res, err
 	}
 	rows, err := tx.Query(ctx, `
 		UPDATE agent_outbox

@@ -62,7 +62,9 @@ func StopTx(ctx context.Context, tx Executor, ownerID int64, conversationID stri
 	}
 	if runID != nil {
 		s.RunID = *runID
-		if _, err := tx.Exec(ctx, `UPDATE conversations SET stop_run_id = run_id WHERE id = $1`, s.ConversationKey); err != nil {
+		// A stop outranks an interrupt (DoubleTextingInterrupt) that came
+		// before it: the stopped turn's messages are never answered again.
+		if _, err := tx.Exec(ctx, `UPDATE conversations SET stop_run_id = run_id, interrupted_run_id = NULL WHERE id = $1`, s.ConversationKey); err != nil {
 			return Stop{}, fmt.Errorf("stop: ask the run to stop: %w", err)
 		}
 	}

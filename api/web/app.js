@@ -96,8 +96,9 @@ async function refresh() {
   try {
     c = await api("GET", convPath(cid));
     // The messages come a page at a time, oldest first.
-    for (let after = 0; ;) {
-      const m = await api("GET", convPath(cid) + "/messages?limit=1000&after=" + after);
+    // next_after is an opaque cursor of the conversation's.
+    for (let after = ""; ;) {
+      const m = await api("GET", convPath(cid) + "/messages?limit=1000" + (after ? "&after=" + encodeURIComponent(after) : ""));
       if (m.status !== 200) { if (m.status === 404) c = m; break; }
       all = all.concat(m.data.messages);
       if (m.data.next_after === undefined) break;

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -39,9 +40,13 @@ var (
 	buildErr  error
 )
 
-// tarballPath builds the static binary and the image once for the
-// package's tests, as `make image` does.
-func tarballPath(t *testing.T) string {
+// standInImage builds, once for the package's tests, the image of a small
+// static program that stands in for cmd/baton (testdata/standin): the
+// image's layout, user and entrypoint are Build's, whatever the binary,
+// and a static build of all of Baton takes minutes on a cold build cache,
+// which only a release needs. `make image-check` checks the image of the
+// real binary (TestTheReleaseImage...).
+func standInImage(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "baton-image-test-")
@@ -51,7 +56,11 @@ func tarballPath(t *testing.T) string {
 		}
 		testenv.AfterAll(func() { _ = os.RemoveAll(dir) })
 		bin := filepath.Join(dir, "baton")
-		if buildErr = image.BuildBinary(root, bin, version); buildErr != nil {
+		cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+version, "-o", bin, "./deploy/image/testdata/standin")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build the stand-in: %w\n%s", err, out)
 			return
 		}
 		built = filepath.Join(dir, "baton-image.tar")
@@ -90,8 +99,27 @@ func layerFiles(t *testing.T, path string) (map[string]*tar.Header, map[string][
 
 func TestTheImageRunsTheStaticBinaryAsAnUnprivilegedUserWithoutAShell(t *testing.T) {
 	t.Parallel()
-	path := tarballPath(t)
+	checkImage(t, standInImage(t), version)
+}
 
+// TestTheReleaseImageRunsBatonStaticAsAnUnprivilegedUserWithoutAShell
+// checks the image `make image` wrote, of the static cmd/baton: `make
+// image-check` runs it, naming the tarball and its version.
+func TestTheReleaseImageRunsBatonStaticAsAnUnprivilegedUserWithoutAShell(t *testing.T) {
+	path := os.Getenv("BATON_IMAGE_TARBALL")
+	if path == "" {
+		t.Skip("make image-check builds the release image and checks it here (BATON_IMAGE_TARBALL, BATON_IMAGE_VERSION)")
+	}
+	v := os.Getenv("BATON_IMAGE_VERSION")
+	require.NotEmpty(t, v, "BATON_IMAGE_VERSION: the version the image was built with")
+	checkImage(t, path, v)
+}
+
+// checkImage checks the image tarball at path, whose binary was built
+// with version: what it holds, as which user it runs, and that its binary
+// runs there.
+func checkImage(t *testing.T, path, version string) {
+	t.Helper()
 	// The tarball names the image as the manifests do.
 	tag := image.Name + ":" + version
 	img, err := v1tarball.ImageFromPath(path, nil)
@@ -224,4 +252,8 @@ func TestTheManifestsAndTheDocsNameTheImageAndItsEntrypoint(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `(?m)^image:`, string(makefile), "the Makefile has an image target")
 	require.Contains(t, string(makefile), "bin/baton-image.tar", "make image writes the tarball the guide names")
+	require.Regexp(t, `(?m)^image-check:`, string(makefile), "the Makefile has the target that checks the release image")
+	ci, err := os.ReadFile(filepath.Join(root, ".ci", "run"))
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^make image-check$`, string(ci), "CI checks the release image, which make test leaves out")
 }

@@ -90,7 +90,7 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	require.NoError(t, err)
 	_, err = schema.GetConversation(ctx, api, user.ID, "demo")
 	require.NoError(t, err)
-	_, err = schema.ListMessages(ctx, api, user.ID, "demo", 0, 10)
+	_, _, err = schema.ListMessages(ctx, api, user.ID, "demo", "", 10)
 	require.NoError(t, err)
 	require.NoError(t, schema.MarkRead(ctx, api, user.ID, "demo"))
 
@@ -172,7 +172,7 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 		return err
 	})
 	inTx(t, api, "RetryFailedTx and AnnounceTx as baton_api", func(tx pgx.Tx) error {
-		res, err := schema.RetryFailedTx(ctx, tx, user.ID, "demo", 10)
+		res, err := schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: user.ID, ConversationID: "demo", MaxPerHour: 10})
 		if err != nil {
 			return err
 		}
@@ -212,7 +212,7 @@ func TestEachRoleCanDoWhatItsComponentDoes(t *testing.T) {
 	require.Equal(t, stopped.MessageID, row.ReplyID)
 	_, err = schema.ChatReply(ctx, api, conv.Key, stopped.MessageID)
 	require.NoError(t, err, "ChatReply as baton_api")
-	_, _, err = schema.ChatHistory(ctx, api, user.ID, "demo", 0, 100)
+	_, _, err = schema.ChatHistory(ctx, api, user.ID, "demo", "", 100)
 	require.NoError(t, err, "ChatHistory as baton_api")
 	_, _, err = schema.ActiveRow(ctx, api, conv.Key)
 	require.NoError(t, err, "ActiveRow as baton_api")

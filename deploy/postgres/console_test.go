@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -119,7 +121,13 @@ func TestTheConsoleRoleReadsWhatItShowsAndWritesOnlyThroughTheOperatorsPaths(t *
 		return err
 	})
 	inTx(t, consoleDB, "RetryFailedTx and AnnounceTx as baton_console", func(tx pgx.Tx) error {
-		res, err := schema.RetryFailedTx(ctx, tx, user.ID, "c1", 0)
+		// The turn made a write: without the operator's word to repeat
+		// it, the retry is refused, as the user's is.
+		_, err := schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: user.ID, ConversationID: "c1"})
+		if !errors.Is(err, schema.ErrTurnMadeWrites) {
+			return fmt.Errorf("a retry of a turn that made writes: got %v, want ErrTurnMadeWrites", err)
+		}
+		res, err := schema.RetryFailedTx(ctx, tx, schema.Retry{OwnerID: user.ID, ConversationID: "c1", RepeatWrites: true})
 		if err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 
 // producerFunctions are the SQL producer's public functions, the only
 // things of Baton's that baton_producer may use.
-var producerFunctions = []string{"baton_create_conversation(text,text,text)", "baton_send_message(text,text,text,text)"}
+var producerFunctions = []string{"baton_create_conversation(text,text,text,text)", "baton_send_message(text,text,text,text)"}
 
 // TestABackendInBatonProducerCallsTheProducerFunctionsAndNothingElse: a
 // backend's own role, made a member of baton_producer as the guide says,
@@ -67,6 +67,27 @@ func TestABackendInBatonProducerCallsTheProducerFunctionsAndNothingElse(t *testi
 		SELECT m.content FROM messages m JOIN agent_outbox o ON o.message_id = m.id JOIN users u ON u.id = m.owner_id
 		WHERE m.id = $1 AND u.name = 'carol'`, key).Scan(&stored))
 	require.Equal(t, "Where is my order?", stored, "the message and its outbox row are stored for carol")
+
+	// The conversation's double texting holds for the backend as for the
+	// API, with nothing but EXECUTE on the two functions: one made to
+	// reject refuses a second message while the first waits for its turn;
+	// one made to interrupt asks its running turn to stop.
+	_, err = shop.Exec(ctx, `SELECT * FROM baton_create_conversation('carol', 'order-2', 'Order 2', 'reject');
+		SELECT * FROM baton_send_message('carol', 'order-2', 'order-2-placed', 'Hello?')`)
+	require.NoError(t, err)
+	_, err = shop.Exec(ctx, `SELECT * FROM baton_send_message('carol', 'order-2', 'order-2-again', 'Hello??')`)
+	var refused *pgconn.PgError
+	require.ErrorAs(t, err, &refused)
+	require.Equal(t, "PB012", refused.Code, refused.Message)
+	_, err = shop.Exec(ctx, `SELECT * FROM baton_create_conversation('carol', 'order-3', 'Order 3', 'interrupt')`)
+	require.NoError(t, err)
+	_, err = su.Exec(ctx, `UPDATE conversations SET run_id = 'run-3', lease_expires_at = now() + interval '1 minute' WHERE public_id = 'order-3'`)
+	require.NoError(t, err, "a worker's run holds the conversation")
+	_, err = shop.Exec(ctx, `SELECT * FROM baton_send_message('carol', 'order-3', 'order-3-placed', 'Stop, I meant order 2')`)
+	require.NoError(t, err)
+	var stop, interrupted string
+	require.NoError(t, su.QueryRow(ctx, `SELECT stop_run_id, interrupted_run_id FROM conversations WHERE public_id = 'order-3'`).Scan(&stop, &interrupted))
+	require.Equal(t, []string{"run-3", "run-3"}, []string{stop, interrupted}, "the running turn is asked to stop, interrupted")
 
 	// What baton_producer holds, by the catalog: EXECUTE on the two
 	// functions, nothing on any table, column or sequence.

@@ -208,6 +208,7 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 	documented := referenceErrors(t)
 	_, err := db.Pool.Exec(ctx, `SELECT * FROM baton_create_conversation('alice', 'c1', ''); SELECT * FROM baton_create_conversation('alice', 'c2', '');
 		SELECT * FROM baton_send_message('alice', 'c1', 'm1', 'hello');
+		SELECT * FROM baton_create_conversation('alice', 'one-at-a-time', '', 'reject'); SELECT * FROM baton_send_message('alice', 'one-at-a-time', 'm3', 'first');
 		ALTER TABLE users ADD CONSTRAINT users_name_short CHECK (length(name) <= 20) NOT VALID`)
 	require.NoError(t, err)
 
@@ -221,6 +222,8 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 		`SELECT * FROM baton_create_conversation('alice', repeat('c', 201))`,
 		`SELECT * FROM baton_create_conversation('alice', E'c\t1')`,
 		`SELECT * FROM baton_create_conversation('alice', ' c1')`,
+		`SELECT * FROM baton_create_conversation('alice', '..')`,
+		`SELECT * FROM baton_send_message('alice', 'c1', 'reply_1', 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', '', 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', repeat('m', 201), 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', E'm\u00851', 'x')`,
@@ -231,6 +234,8 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 		`SELECT * FROM baton_send_message('alice', 'nope', 'm2', 'x')`,
 		`SELECT * FROM baton_send_message('alice', 'c1', 'm1', 'bye')`,
 		`SELECT * FROM baton_send_message('alice', 'c2', 'm1', 'hello')`,
+		`SELECT * FROM baton_create_conversation('alice', 'c4', '', 'shout')`,
+		`SELECT * FROM baton_send_message('alice', 'one-at-a-time', 'm4', 'second')`,
 	} {
 		_, err := db.Pool.Exec(ctx, call)
 		var pgErr *pgconn.PgError
@@ -240,14 +245,21 @@ func TestTheSQLProducerReferenceListsEveryErrorAsRaised(t *testing.T) {
 			"%s raised %s %q, which the reference's table of errors does not list", call, pgErr.Code, pgErr.Message)
 	}
 
-	migration, err := os.ReadFile(filepath.Join("..", "..", "migrations", "00015_producer.sql"))
-	require.NoError(t, err)
+	// The producer's migrations: its functions, and what later ones added
+	// (double texting, the rules of ids).
+	var migrations strings.Builder
+	for _, name := range []string{"00015_producer.sql", "00023_double_texting.sql", "00024_id_rules.sql"} {
+		migration, err := os.ReadFile(filepath.Join("..", "..", "migrations", name))
+		require.NoError(t, err)
+		migrations.Write(migration)
+	}
 	for code := range documented {
-		require.Contains(t, string(migration), "'"+code+"'", "the reference lists %s, which the migration never raises", code)
+		require.Contains(t, migrations.String(), "'"+code+"'", "the reference lists %s, which the migrations never raise", code)
 		require.True(t, raised[code], "the reference lists %s: raise it here too", code)
 	}
 	for _, code := range []string{schema.SQLStateBadUserID, schema.SQLStateBadConversationID, schema.SQLStateBadMessageID, schema.SQLStateEmptyContent,
-		schema.SQLStateContentTooLarge, schema.SQLStateBadTitle, schema.SQLStateUnknownConversation, schema.SQLStateConflict} {
+		schema.SQLStateContentTooLarge, schema.SQLStateBadTitle, schema.SQLStateBadDoubleTexting, schema.SQLStateReservedMessageID,
+		schema.SQLStateUnknownConversation, schema.SQLStateConflict, schema.SQLStateTurnRunning} {
 		require.Contains(t, documented, code, "the reference lists every SQLSTATE of package schema")
 	}
 }

@@ -26,6 +26,7 @@ type httpOptions struct {
 	limitFlags      `embed:""`
 	jwtFlags        `embed:""`
 	CORSOrigins     []string `name:"cors-origins" env:"BATON_CORS_ORIGINS" sep:"," setting:"CORSOrigins" placeholder:"ORIGIN" help:"Origins whose pages may call the API from the browser, exactly (https://app.example), comma-separated; no wildcard. Default: none, no cross-origin access."`
+	DoubleTexting   string   `name:"double-texting" env:"BATON_DOUBLE_TEXTING" setting:"DoubleTexting" placeholder:"POLICY" help:"What a message does that arrives while a turn of its conversation runs, for the conversations the API creates without a policy of their own (every chat of POST /v1/chat): enqueue (answered after the running turn, one reply per message), reject (409 turn_running, nothing written), interrupt (the running turn stops with what it wrote, then one turn answers its messages and the new one) or debounce (a message within the worker's --debounce replaces the running turn, one reply for both). Stored on each conversation, which PATCH /v1/conversations/{cid} changes. Defaults to ${double_texting}."`
 	AgentPublicKeys []string `name:"agent-public-key" env:"BATON_AGENT_PUBLIC_KEY" sep:"," type:"path" placeholder:"FILE" help:"An Ed25519 public key (PEM) of the worker's --agent-signing-key, served to external agents as a JWKS at /.well-known/jwks.json so that they can verify its requests; repeatable for a rotation (the variable separates files with ','). A private key file gives its public half. Default: none, the route answers 404 (baton dev serves the key it keeps under --dir besides)."`
 }
 
@@ -69,6 +70,9 @@ func (o httpOptions) validate() error {
 	if o.MaxContentBytes < 1 || o.MaxContentBytes > schema.MaxContentBytes {
 		return fmt.Errorf("--max-content-bytes / BATON_MAX_CONTENT_BYTES must be 1 to %d (1 MiB, the bound of every producer), not %d", schema.MaxContentBytes, o.MaxContentBytes)
 	}
+	if _, err := schema.ParseDoubleTexting(o.DoubleTexting); o.DoubleTexting != "" && err != nil {
+		return fmt.Errorf("--double-texting / BATON_DOUBLE_TEXTING %q is not a policy: give %s", o.DoubleTexting, schema.DoubleTextingNames())
+	}
 	return nil
 }
 
@@ -99,6 +103,7 @@ func (c *apiCmd) Run(ctx context.Context, env *Env) error {
 		MaxContentBytes: c.MaxContentBytes,
 		Quotas:          c.apiQuotas(),
 		StreamRecheck:   c.StreamRecheck,
+		DoubleTexting:   schema.DoubleTexting(c.DoubleTexting),
 		Logger:          &log,
 		Registerer:      reg,
 	}), log)

@@ -107,6 +107,7 @@ func TestAPILimitFlagsThatCannotWorkAreUsageErrors(t *testing.T) {
 		{[]string{"--messages-per-minute=-5"}, "--messages-per-minute / BATON_MESSAGES_PER_MINUTE -5: must be at least 1"},
 		{[]string{"--max-streams", "4", "--max-streams-per-user", "8"}, "--max-streams-per-user / BATON_MAX_STREAMS_PER_USER 8"},
 		{[]string{"--max-content-bytes", "1048577"}, "--max-content-bytes / BATON_MAX_CONTENT_BYTES must be 1 to 1048576"},
+		{[]string{"--double-texting", "shout"}, `--double-texting / BATON_DOUBLE_TEXTING "shout" is not a policy: give enqueue, reject, interrupt or debounce`},
 	} {
 		for _, cmd := range []string{"api", "dev"} {
 			_, stderr, code := run(t, append([]string{cmd, "--database-url", "postgres://127.0.0.1:1/none"}, tc.args...)...)

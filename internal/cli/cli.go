@@ -10,7 +10,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -79,36 +78,28 @@ type exitSentinel struct{ code int }
 // Errors are returned for main to print and map to an exit code; see
 // ExitCode.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	var r root
-	parser, err := kong.New(&r,
-		kong.Name("baton"),
-		kong.Description("Baton: a durable backend for AI-agent conversations."),
-		kong.Writers(stdout, stderr),
-		kong.Vars(vars()),
-		kong.UsageOnError(),
-		kong.Exit(func(code int) { panic(exitSentinel{code}) }),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Resolvers(secretFiles()),
-	)
+	p, err := takeParser()
 	if err != nil {
 		return err
 	}
+	defer releaseParser(p)
+	p.kong.Stdout, p.kong.Stderr = stdout, stderr
 	defer func() {
-		if p := recover(); p != nil {
-			s, ok := p.(exitSentinel)
+		if v := recover(); v != nil {
+			s, ok := v.(exitSentinel)
 			if !ok {
-				panic(p)
+				panic(v)
 			}
 			if s.code != 0 {
 				err = &ExitError{Code: s.code}
 			}
 		}
 	}()
-	kctx, err := parser.Parse(args)
+	kctx, err := p.kong.Parse(args)
 	if err != nil {
 		return &UsageError{Err: err}
 	}
-	log, err := logging.New(r.Options, stderr)
+	log, err := logging.New(p.root.Options, stderr)
 	if err != nil {
 		return &UsageError{Err: err}
 	}

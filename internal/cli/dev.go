@@ -154,7 +154,7 @@ func (c *devCmd) Run(ctx context.Context, env *Env) error {
 	apiLog := env.Log.With().Str("component", "api").Logger()
 	apiCfg, err := apiSignIn(c, c.jwtFlags, c.CORSOrigins, c.withLimits(api.Config{
 		MaxContentBytes: c.MaxContentBytes, Logger: &apiLog,
-		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck,
+		Quotas: c.apiQuotas(), StreamRecheck: c.StreamRecheck, DoubleTexting: schema.DoubleTexting(c.DoubleTexting),
 		Registerer: reg, Events: batonnats.EventsConfig{Replicas: c.Replicas},
 	}), apiLog)
 	if err != nil {

@@ -126,6 +126,12 @@ func (s *statusStack) startRelay() {
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 			WHERE s.slot_name = $1`, s.slot) == 1
 	}, "baton relay streams from slot %s", s.slot)
+	// The stall tests measure from the relay's last record of the slot,
+	// which it writes at its heartbeats: a relay stopped before its first
+	// leaves a slot nobody ever recorded.
+	testenv.Eventually(s.t, 30*time.Second, func() bool {
+		return testenv.Count(s.t, s.db.Pool, `SELECT count(*) FROM relay_slot_progress WHERE slot_name = $1`, s.slot) == 1
+	}, "baton relay recorded slot %s", s.slot)
 }
 
 // statusReport is what the stall tests read of `baton status --json`.

@@ -89,6 +89,7 @@ func vars() map[string]string {
 		"console_approval_after":    console.DefaultApprovalAfter.String(),
 		"console_max_lag":           fmt.Sprint(console.DefaultMaxLagBytes),
 		"http_addr":                 config.DefaultHTTPAddr,
+		"double_texting":            string(schema.DefaultDoubleTexting),
 		"max_conversations":         fmt.Sprint(api.DefaultMaxConversations),
 		"max_retries_per_hour":      fmt.Sprint(api.DefaultMaxRetriesPerHour),
 		"stream_recheck":            api.DefaultStreamRecheck.String(),

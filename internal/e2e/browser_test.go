@@ -219,6 +219,12 @@ func hasBubble(role, text string) string {
 	return fmt.Sprintf(`[...document.querySelectorAll('.msg[data-role=%s]')].some(e => e.textContent.includes(%s))`, role, jsString(text))
 }
 
+// hasStoredBubble is hasBubble for the messages the page read from the
+// API, without the reply it shows as it streams.
+func hasStoredBubble(role, text string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('.msg[data-role=%s]:not(.streaming)')].some(e => e.textContent.includes(%s))`, role, jsString(text))
+}
+
 func countBubbles(role, text string) string {
 	return fmt.Sprintf(`[...document.querySelectorAll('.msg[data-role=%s]')].filter(e => e.textContent.includes(%s)).length`, role, jsString(text))
 }
@@ -233,7 +239,8 @@ func TestBrowserSendsMessageAndSeesEchoReply(t *testing.T) {
 	p := startPage(t)
 	p.newConversation("hello test")
 	p.send("hello there")
-	p.waitJS("the echo reply", hasBubble("assistant", "echo: hello there"), 20*time.Second)
+	// The stored reply: the streamed one shows while the turn still runs.
+	p.waitJS("the echo reply", hasStoredBubble("assistant", "echo: hello there"), 20*time.Second)
 	p.screenshot("reply")
 	require.Equal(t, 1, p.count(countBubbles("user", "hello there")))
 	require.False(t, p.js(`!!document.getElementById("thinking")`), "no thinking once the reply is in")
@@ -389,7 +396,9 @@ func TestBrowserShowsEveryPageOfALongConversation(t *testing.T) {
 		FROM conversations c, generate_series(1, 1005) g WHERE c.title = 'long'`)
 	require.NoError(t, err)
 	p.send("after the backlog")
-	p.waitJS("the reply after 1,005 older messages", hasBubble("assistant", "echo: after the backlog"), 30*time.Second)
+	// The stored reply, not the streamed one: the page shows the stored
+	// one once it has read every page, the streamed one at once.
+	p.waitJS("the reply after 1,005 older messages", hasStoredBubble("assistant", "echo: after the backlog"), 30*time.Second)
 	require.Equal(t, 1, p.count(countBubbles("assistant", "line 1005")), "the last message of the second page is shown")
 	require.Equal(t, 1005, p.count(countBubbles("assistant", "line ")), "every older message is shown once")
 }

@@ -40,8 +40,8 @@ var (
 )
 
 // Main runs the package's tests, stops the package's Postgres cluster and
-// removes the binary of PlainBatonBinary afterwards, and fails the run when the tests passed but left goroutines
-// behind (goleak). Every test package uses it from TestMain:
+// removes the package's copies of Baton's binary afterwards, and fails the
+// run when the tests passed but left goroutines behind (goleak). Every test package uses it from TestMain:
 // os.Exit(testenv.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
@@ -52,7 +52,7 @@ func Main(m *testing.M) int {
 	for i := len(fns) - 1; i >= 0; i-- {
 		fns[i]()
 	}
-	removePlainBinary()
+	removeBinaries()
 	if cluster != nil {
 		_ = cluster.Stop(pgcluster.Fast)
 		_ = os.RemoveAll(clusterDir)
