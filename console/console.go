@@ -124,30 +124,67 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
+// access says who may reach a route.
+type access int
+
+const (
+	// accessPublic: the sign-in page, health checks and the static files, which
+	// show nothing of Baton.
+	accessPublic access = iota
+	// accessOperator: an operator with a live session, viewer or admin; a POST
+	// also needs the session's CSRF token.
+	accessOperator
+	// accessAdmin: an admin's session and the CSRF token; a viewer gets 403.
+	accessAdmin
+)
+
+// route is a route of the console and who may reach it. Every route is
+// in routeTable, so that a test can try each one without a session.
+type route struct {
+	pattern string
+	access  access
+	handler http.Handler
+}
+
+func (s *Server) routeTable() []route {
+	static, _ := fs.Sub(staticFiles, "static")
+	return []route{
+		{"GET /static/", accessPublic, http.StripPrefix("/static/", cacheStatic(http.FileServerFS(static)))},
+		{"GET /healthz", accessPublic, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })},
+		{"GET /readyz", accessPublic, http.HandlerFunc(s.ready)},
+
+		{"GET /signin", accessPublic, http.HandlerFunc(s.signInPage)},
+		{"POST /signin", accessPublic, http.HandlerFunc(s.signIn)},
+		{"POST /signout", accessOperator, http.HandlerFunc(s.signOut)},
+
+		{"GET /{$}", accessOperator, http.HandlerFunc(s.overviewPage)},
+		{"GET /overview/live", accessOperator, http.HandlerFunc(s.overviewLive)},
+		{"GET /conversations", accessOperator, http.HandlerFunc(s.conversationsPage)},
+		{"GET /conversations/{key}", accessOperator, http.HandlerFunc(s.conversationPage)},
+		{"GET /conversations/{key}/live", accessOperator, http.HandlerFunc(s.conversationLive)},
+		{"POST /conversations/{key}/retry", accessAdmin, http.HandlerFunc(s.retryTurn)},
+		{"POST /conversations/{key}/operations/{id}/outcome", accessAdmin, http.HandlerFunc(s.recordOutcome)},
+		{"GET /turns", accessOperator, http.HandlerFunc(s.turnsPage)},
+		{"GET /dead-letters", accessOperator, http.HandlerFunc(s.deadLettersPage)},
+		{"GET /dead-letters/{group}", accessOperator, http.HandlerFunc(s.groupDeadLettersPage)},
+		{"POST /dead-letters/{group}/{id}/discard", accessAdmin, http.HandlerFunc(s.discardDeadLetter)},
+		{"POST /dead-letters/{group}/{id}/retry", accessAdmin, http.HandlerFunc(s.retryDeadLetter)},
+		{"GET /actions", accessOperator, http.HandlerFunc(s.actionsPage)},
+	}
+}
+
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	static, _ := fs.Sub(staticFiles, "static")
-	m.Handle("GET /static/", http.StripPrefix("/static/", cacheStatic(http.FileServerFS(static))))
-	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	m.HandleFunc("GET /readyz", s.ready)
-
-	m.HandleFunc("GET /signin", s.signInPage)
-	m.HandleFunc("POST /signin", s.signIn)
-	m.Handle("POST /signout", s.signedIn(s.signOut))
-
-	m.Handle("GET /{$}", s.signedIn(s.overviewPage))
-	m.Handle("GET /overview/live", s.signedIn(s.overviewLive))
-	m.Handle("GET /conversations", s.signedIn(s.conversationsPage))
-	m.Handle("GET /conversations/{key}", s.signedIn(s.conversationPage))
-	m.Handle("GET /conversations/{key}/live", s.signedIn(s.conversationLive))
-	m.Handle("POST /conversations/{key}/retry", s.admin(s.retryTurn))
-	m.Handle("POST /conversations/{key}/operations/{id}/outcome", s.admin(s.recordOutcome))
-	m.Handle("GET /turns", s.signedIn(s.turnsPage))
-	m.Handle("GET /dead-letters", s.signedIn(s.deadLettersPage))
-	m.Handle("GET /dead-letters/{group}", s.signedIn(s.groupDeadLettersPage))
-	m.Handle("POST /dead-letters/{group}/{id}/discard", s.admin(s.discardDeadLetter))
-	m.Handle("POST /dead-letters/{group}/{id}/retry", s.admin(s.retryDeadLetter))
-	m.Handle("GET /actions", s.signedIn(s.actionsPage))
+	for _, rt := range s.routeTable() {
+		h := rt.handler
+		switch rt.access {
+		case accessOperator:
+			h = s.signedIn(h.ServeHTTP)
+		case accessAdmin:
+			h = s.admin(h.ServeHTTP)
+		}
+		m.Handle(rt.pattern, h)
+	}
 	s.mux = m
 }
 

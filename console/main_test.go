@@ -47,6 +47,8 @@ type options struct {
 	cfg     console.Config
 	tools   consumer.Tools
 	noStack bool
+	// log, when set, also receives the console's log.
+	log io.Writer
 }
 
 // flaky is the echo agent that fails while failing is set.
@@ -95,7 +97,11 @@ func setup(t *testing.T, o options) *bundle {
 		})
 	}
 	cfg := o.cfg
-	log := zerolog.New(zerolog.NewTestWriter(t))
+	var out io.Writer = zerolog.NewTestWriter(t)
+	if o.log != nil {
+		out = io.MultiWriter(out, o.log)
+	}
+	log := zerolog.New(out)
 	cfg.Logger = &log
 	cfg.Slot, cfg.Stream = "slot_"+db.Name, batonnats.DefaultStream
 	if cfg.RefreshInterval == 0 {
@@ -228,4 +234,13 @@ func (b *bundle) actions() []string {
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(b.t, err)
 	return out
+}
+
+// withCookie is a browser that sends a cookie of its own.
+func (b *bundle) withCookie(name, value string) *browser {
+	br := b.browser()
+	u, err := url.Parse(b.web.URL)
+	require.NoError(b.t, err)
+	br.c.Jar.SetCookies(u, []*http.Cookie{{Name: name, Value: value}})
+	return br
 }
