@@ -37,7 +37,7 @@ const consoleBenchSizeEnv = "BATON_CONSOLE_BENCH_CONVERSATIONS"
 
 const (
 	consoleBenchPerUser     = 100 // conversations a user has
-	consoleBenchTurnsPerC   = 5 // a user message and its reply each
+	consoleBenchTurnsPerC   = 5   // a user message and its reply each
 	consoleBenchFailedEvery = 2_500
 	consoleBenchActions     = 100_000
 	consoleBenchDeadLetters = 1_000
