@@ -40,6 +40,7 @@ type consoleCmd struct {
 	PendingAfter    time.Duration `name:"pending-after" env:"BATON_CONSOLE_PENDING_AFTER" setting:"PendingAfter" help:"How long a message may wait unclaimed since its last announcement before its turn counts as stuck. Defaults to ${console_pending_after}."`
 	ApprovalAfter   time.Duration `name:"approval-after" env:"BATON_CONSOLE_APPROVAL_AFTER" setting:"ApprovalAfter" help:"How long a call or a question may wait for a person before its turn counts as stuck. Defaults to ${console_approval_after}."`
 	MaxLagBytes     int64         `name:"max-lag-bytes" env:"BATON_CONSOLE_MAX_LAG_BYTES" setting:"MaxLagBytes" help:"Slot lag (bytes) above which the overview says the relay needs attention. Defaults to ${console_max_lag}."`
+	PageSize        int           `name:"page-size" env:"BATON_CONSOLE_PAGE_SIZE" setting:"PageSize" help:"Rows a page lists (conversations, failed turns, messages, dead letters, actions): 1 to 1000. Defaults to ${console_page_size}."`
 	JWTAdminClaim   string        `name:"jwt-admin-claim" env:"BATON_CONSOLE_JWT_ADMIN_CLAIM" setting:"AdminClaim" placeholder:"NAME=VALUE" help:"A JWT whose claim NAME holds VALUE (a string, or an element of an array; NAME may be a dotted path such as realm_access.roles) signs in an admin. Needs the --jwt-* settings. Default: none."`
 	JWTViewerClaim  string        `name:"jwt-viewer-claim" env:"BATON_CONSOLE_JWT_VIEWER_CLAIM" setting:"ViewerClaim" placeholder:"NAME=VALUE" help:"A JWT whose claim NAME holds VALUE signs in a viewer, who reads only. Default: none."`
 	// Whose JWTs sign operators in, with the API's settings.
@@ -61,7 +62,7 @@ func (c *consoleCmd) Run(ctx context.Context, env *Env) error {
 		SessionIdle: c.SessionIdle, SessionMaxAge: c.SessionMaxAge, RefreshInterval: c.Refresh,
 		SignInPerMinute: c.SignInPerMinute, SignInBurst: c.SignInBurst, SecureCookies: c.SecureCookies,
 		HideContent: c.HideContent, LeaseGrace: c.LeaseGrace, PendingAfter: c.PendingAfter, ApprovalAfter: c.ApprovalAfter,
-		MaxLagBytes: c.MaxLagBytes, Slot: c.Slot, Stream: c.StreamConfig().WithDefaults().Name, Logger: &log,
+		MaxLagBytes: c.MaxLagBytes, PageSize: c.PageSize, Slot: c.Slot, Stream: c.StreamConfig().WithDefaults().Name, Logger: &log,
 	}
 	var err error
 	if c.JWTAdminClaim != "" {

@@ -88,6 +88,7 @@ func vars() map[string]string {
 		"console_pending_after":     console.DefaultPendingAfter.String(),
 		"console_approval_after":    console.DefaultApprovalAfter.String(),
 		"console_max_lag":           fmt.Sprint(console.DefaultMaxLagBytes),
+		"console_page_size":         fmt.Sprint(console.DefaultPageSize),
 		"http_addr":                 config.DefaultHTTPAddr,
 		"double_texting":            string(schema.DefaultDoubleTexting),
 		"max_conversations":         fmt.Sprint(api.DefaultMaxConversations),
