@@ -28,9 +28,12 @@ import (
 	"github.com/batonhq/baton/schema"
 )
 
-// docsScreenshots, set to 1, has the console's test write the screenshots
-// that docs/guides/console.md shows, besides its artifacts.
-const docsScreenshots = "BATON_DOCS_SCREENSHOTS"
+// consoleScreenshots names a folder (relative to the repository's root,
+// or absolute) where the console's test writes the screenshots that
+// docs/guides/console.md shows, besides its artifacts:
+//
+//	BATON_CONSOLE_SCREENSHOTS=docs/guides/console go test -run Console ./internal/e2e/
+const consoleScreenshots = "BATON_CONSOLE_SCREENSHOTS"
 
 // consoleStack is the operator console in headless Chromium over a real
 // stack: PostgreSQL, NATS, the relay and a worker whose model the test can
@@ -206,16 +209,19 @@ func (s *consoleStack) screenshot(name string) {
 	}
 }
 
-// docsScreenshot saves a screenshot as an artifact, and for the docs when
-// BATON_DOCS_SCREENSHOTS=1: the whole page.
+// docsScreenshot saves a screenshot as an artifact, and the whole page
+// for the docs when BATON_CONSOLE_SCREENSHOTS names a folder.
 func (s *consoleStack) docsScreenshot(name string) {
 	s.screenshot(name)
-	if os.Getenv(docsScreenshots) != "1" {
+	dir := os.Getenv(consoleScreenshots)
+	if dir == "" {
 		return
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join("..", "..", dir) // the tests run in internal/e2e
 	}
 	buf, err := chromedp.Run(s.ctx, chromedp.FullScreenshot(100))
 	require.NoError(s.t, err)
-	dir := filepath.Join("..", "..", "docs", "guides", "console")
 	require.NoError(s.t, os.MkdirAll(dir, 0o755))
 	require.NoError(s.t, os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644))
 	s.t.Logf("docs screenshot: %s", filepath.Join(dir, name+".png"))
