@@ -6,8 +6,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,8 +89,8 @@ func consoleBenchOnce(b *testing.B) {
 	seedStart := time.Now()
 	seedConsoleBench(b, db, conversations, users)
 	seeded := time.Since(seedStart)
-	messages := db.Count(b, `SELECT reltuples::bigint FROM pg_class WHERE relname = 'messages'`)
-	b.Logf("seeded %d conversations and about %d messages in %s", conversations, messages, seeded.Round(time.Second))
+	messages := db.Count(b, `SELECT count(*) FROM messages`)
+	b.Logf("seeded %d conversations and %d messages in %s", conversations, messages, seeded.Round(time.Second))
 
 	ns := testenv.StartNATS(b)
 	nc, err := natsclient.Connect(ns.URL)
@@ -205,6 +208,12 @@ func consoleBenchOnce(b *testing.B) {
 		s.overviewData(ctx)
 	}
 	took := time.Since(start) / refreshes
+	stop := counted.record()
+	s.overview.Lock()
+	s.overview.data = nil
+	s.overview.Unlock()
+	s.overviewData(ctx)
+	explainCostliest(b, db, stop(), 3)
 	cpu := bench.CPUSince(db.BackendCPU(b), before) / refreshes
 	touched := (blocks(b, db) - blocksBefore) / refreshes
 	statements := (counted.statements.Load() - statementsBefore) / refreshes
@@ -221,26 +230,99 @@ func consoleBenchOnce(b *testing.B) {
 	}
 }
 
-// countingDB counts the statements the console sends.
+// countingDB counts the statements the console sends, and keeps them
+// while recording is on.
 type countingDB struct {
 	DB
 	statements atomic.Int64
+
+	mu        sync.Mutex
+	recording bool
+	recorded  []statement
+}
+
+type statement struct {
+	sql  string
+	args []any
+}
+
+func (c *countingDB) count(sql string, args []any) {
+	c.statements.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recording {
+		c.recorded = append(c.recorded, statement{sql, args})
+	}
+}
+
+// record keeps the statements sent from now on, until stop.
+func (c *countingDB) record() (stop func() []statement) {
+	c.mu.Lock()
+	c.recording, c.recorded = true, nil
+	c.mu.Unlock()
+	return func() []statement {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.recording = false
+		return c.recorded
+	}
 }
 
 func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c.statements.Add(1)
+	c.count(sql, args)
 	return c.DB.Exec(ctx, sql, args...)
 }
 
 func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	c.statements.Add(1)
+	c.count(sql, args)
 	return c.DB.Query(ctx, sql, args...)
 }
 
 func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c.statements.Add(1)
+	c.count(sql, args)
 	return c.DB.QueryRow(ctx, sql, args...)
 }
+
+// explainCostliest logs the plans of the statements that touched the most
+// buffers, for whoever wants to make a refresh cheaper.
+func explainCostliest(b *testing.B, db *bench.DB, statements []statement, n int) {
+	ctx := context.Background()
+	type plan struct {
+		buffers int64
+		text    string
+	}
+	var plans []plan
+	for _, st := range statements {
+		var lines []string
+		rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+st.sql, st.args...)
+		if err != nil {
+			b.Logf("explain: %v", err)
+			continue
+		}
+		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			b.Logf("explain: %v", err)
+			continue
+		}
+		var buffers int64
+		for _, l := range lines {
+			if m := sharedBuffers.FindStringSubmatch(l); m != nil {
+				var hit, read int64
+				fmt.Sscan(m[1], &hit)
+				fmt.Sscan(m[2], &read)
+				buffers = max(buffers, hit+read)
+				break
+			}
+		}
+		plans = append(plans, plan{buffers, strings.Join(lines, "\n")})
+	}
+	sort.Slice(plans, func(i, j int) bool { return plans[i].buffers > plans[j].buffers })
+	for _, p := range plans[:min(n, len(plans))] {
+		b.Logf("a costly statement of the refresh, %d buffers:\n%s", p.buffers, p.text)
+	}
+}
+
+var sharedBuffers = regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`)
 
 // blocks is how many buffers the database's backends have touched.
 func blocks(b *testing.B, db *bench.DB) int64 {
