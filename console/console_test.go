@@ -284,3 +284,47 @@ func TestEveryPageCarriesTheSecurityHeadersAndNoSecret(t *testing.T) {
 		require.NotRegexp(t, `<script>|<script [^>]*>[^<]|\son[a-z]+=`, p.body, "%s runs inline script", path)
 	}
 }
+
+// charge is a write tool that succeeds, after which the model goes down.
+type charge struct {
+	calls   *atomic.Int32
+	failing *atomic.Bool
+}
+
+func (charge) Name() string            { return "charge" }
+func (charge) Version() string         { return "1" }
+func (charge) Effect() consumer.Effect { return consumer.EffectWrite }
+func (c charge) Call(context.Context, consumer.Invocation) (string, error) {
+	c.calls.Add(1)
+	c.failing.Store(true)
+	return "charged", nil
+}
+
+// TestAnOperatorsRetryOfATurnThatMadeWritesRepeatsThemOnlyWhenTicked: a
+// turn that made a write and then failed is not started over by Retry
+// alone (409, naming the tool); with "and repeat its writes" it is, as
+// the user's retry with repeat_writes.
+func TestAnOperatorsRetryOfATurnThatMadeWritesRepeatsThemOnlyWhenTicked(t *testing.T) {
+	t.Parallel()
+	calls, failing := &atomic.Int32{}, &atomic.Bool{}
+	b := setup(t, options{failing: failing, tools: consumer.Tools{}.Register(charge{calls: calls, failing: failing})})
+	key := b.send("c1", "m1", "/tool charge 10 EUR\nthanks")
+	b.waitStatus(key, "error")
+	require.Equal(t, int32(1), calls.Load())
+
+	admin := b.signedIn(b.operatorToken("ops-ada", schema.RoleAdmin))
+	page := admin.get("/conversations/" + key).body
+	require.Contains(t, page, `name="repeat_writes"`)
+	csrf := csrfField.FindStringSubmatch(page)[1]
+	p := admin.post("/conversations/"+key+"/retry", url.Values{"csrf": {csrf}})
+	require.Equal(t, http.StatusConflict, p.status, p.body)
+	require.Contains(t, p.body, "charge")
+	b.waitStatus(key, "error")
+	require.NotContains(t, b.actions(), "ops-ada retry_turn "+key, "a refused retry is no action")
+
+	b.failing.Store(false)
+	p = admin.post("/conversations/"+key+"/retry", url.Values{"csrf": {csrf}, "repeat_writes": {"1"}})
+	require.Equal(t, http.StatusSeeOther, p.status, p.body)
+	testenv.Eventually(t, 20*time.Second, func() bool { return calls.Load() == 2 }, "the write is made again, as the operator asked")
+	require.Contains(t, b.actions(), "ops-ada retry_turn "+key)
+}

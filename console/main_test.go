@@ -49,6 +49,9 @@ type options struct {
 	noStack bool
 	// log, when set, also receives the console's log.
 	log io.Writer
+	// failing, when set, is the bundle's failing: the agent fails while
+	// it is set.
+	failing *atomic.Bool
 }
 
 // flaky is the echo agent that fails while failing is set.
@@ -75,7 +78,10 @@ func setup(t *testing.T, o options) *bundle {
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	b := &bundle{t: t, db: db, failing: &atomic.Bool{}}
+	b := &bundle{t: t, db: db, failing: o.failing}
+	if b.failing == nil {
+		b.failing = &atomic.Bool{}
+	}
 	if !o.noStack {
 		_, _, err = batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 		require.NoError(t, err)

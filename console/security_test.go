@@ -248,3 +248,26 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestHideContentShowsMetadataOnly: with HideContent, no page shows a
+// message's text, a conversation's title or a dead letter's payload; the
+// conversation and the dead letter are still there, by their ids.
+func TestHideContentShowsMetadataOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{noStack: true, cfg: console.Config{HideContent: true}})
+	ctx := context.Background()
+	key := b.send("c1", "m1", "my card number is 4111-1111")
+	require.NoError(t, schema.Park(ctx, b.db.Pool, schema.DeadLetter{Group: "webhook", EventID: "outbox-1", Stream: "S", StreamSeq: 1, Subject: "x",
+		Payload: []byte(`{"secret_payload":true}`), Attempts: 5, Error: "500"}))
+	br := b.signedIn(b.operatorToken("ops-ada", schema.RoleAdmin))
+	for _, path := range []string{"/", "/conversations?user=alice", "/conversations?id=c1", "/conversations/" + key, "/conversations/" + key + "/live",
+		"/turns", "/dead-letters", "/dead-letters/webhook", "/actions"} {
+		p := br.get(path)
+		require.Equal(t, http.StatusOK, p.status, path)
+		for _, content := range []string{"4111-1111", "A title", "secret_payload"} {
+			require.NotContains(t, p.body, content, "%s shows content", path)
+		}
+	}
+	require.Contains(t, br.get("/conversations?user=alice").body, key, "the conversation is listed by its ids")
+	require.Contains(t, br.get("/dead-letters/webhook").body, "outbox-1", "the dead letter is listed by its event")
+}
