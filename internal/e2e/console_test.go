@@ -265,8 +265,11 @@ func TestTheConsoleInChromiumShowsAFailedTurnRetriesItAndDiscardsADeadLetter(t *
 
 	// Turns that answered, one that failed while the model was down, and
 	// one whose write lost its answer.
+	var warm []string
 	for i := range 3 {
-		key := s.send(fmt.Sprintf("warm-%d", i), "Warm-up", fmt.Sprintf("w%d", i), "good morning")
+		warm = append(warm, s.send(fmt.Sprintf("warm-%d", i), "Warm-up", fmt.Sprintf("w%d", i), "good morning"))
+	}
+	for _, key := range warm {
 		testenv.Eventually(t, 20*time.Second, func() bool { return s.status(key) == "done" }, "the warm-up turn is answered")
 	}
 	s.down.Store(true)
@@ -289,6 +292,9 @@ func TestTheConsoleInChromiumShowsAFailedTurnRetriesItAndDiscardsADeadLetter(t *
 	s.signIn(userToken)
 	s.waitJS("the refusal of a user's token", `(document.getElementById("problem") || {textContent: ""}).textContent.includes("user's token")`, 10*time.Second)
 	s.screenshot("user-token-refused")
+	nonce, err := chromedp.Run(s.ctx, chromedp.Evaluate[string](`document.querySelector('#signin input[name="csrf"]').value`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusForbidden, s.post("/signin", map[string]string{"csrf": nonce, "token": userToken}), "a user's token gets 403")
 	resp, err := http.PostForm(s.web.URL+"/signin", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
