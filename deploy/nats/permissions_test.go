@@ -677,7 +677,9 @@ func checkReplayCannotTakeOverDurables(ctx context.Context, c *cluster) error {
 	return nil
 }
 
-func checkStatusIsReadOnly(ctx context.Context, c *cluster) error { return checkReadOnly(ctx, c, "status") }
+func checkStatusIsReadOnly(ctx context.Context, c *cluster) error {
+	return checkReadOnly(ctx, c, "status")
+}
 
 func checkConsoleIsReadOnly(ctx context.Context, c *cluster) error {
 	if err := checkReadOnly(ctx, c, "console"); err != nil {

@@ -94,8 +94,8 @@ func startConsole(t *testing.T) *consoleStack {
 		stackDone <- cli.RunStack(ctx, cli.StackConfig{
 			Relay: relay.Config{Slot: "slot_" + db.Name, Publication: "pub_" + db.Name},
 			Worker: consumer.Config{
-				Agent: downModel{Echo: consumer.Echo{Directives: true}, down: s.down},
-				Tools: consumer.Tools{}.Register(consumer.LookupTool{}, payTool{calls: s.payCalls}),
+				Agent:       downModel{Echo: consumer.Echo{Directives: true}, down: s.down},
+				Tools:       consumer.Tools{}.Register(consumer.LookupTool{}, payTool{calls: s.payCalls}),
 				MaxAttempts: 2, Lease: 5 * time.Second, RetryDelay: 100 * time.Millisecond, Debounce: 50 * time.Millisecond,
 			},
 		}, db.Pool, nc)
