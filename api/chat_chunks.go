@@ -307,6 +307,10 @@ func (u *uiStream) toolOutcome(p batonnats.LivePart) {
 // approval streams the rest of the same reply.
 func (u *uiStream) awaitApproval(a *schema.ChatApproval) {
 	u.start(a.ReplyID)
+	// What the turn said before it stopped, as the journal holds it: the
+	// live deltas that showed it are previews, and some may have been
+	// lost.
+	u.reconcile(schema.ChatMessage{ID: a.ReplyID, Content: a.Text, Reasoning: a.Reasoning})
 	u.closePart()
 	if !u.tools[a.ToolCallID] {
 		u.part(batonnats.LivePart{Type: batonnats.PartTool, ToolCallID: a.ToolCallID, Tool: a.Tool, Input: a.Arguments, State: batonnats.ToolInputAvailable})

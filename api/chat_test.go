@@ -678,7 +678,8 @@ func keys(ch map[string]any) []string {
 // the AI SDK's tool approval, over Baton's durable approvals. The stream
 // shows the call and a tool-approval-request (fields both majors' strict
 // clients accept, no others), and ends while the turn waits; a resume
-// while it waits shows the same; useChat's next request, whose last
+// while it waits shows the same, the text before the call included;
+// useChat's next request, whose last
 // message is the reply with the tool part answered, decides the approval
 // and streams the rest of the same reply (the call's outcome, then the
 // text), without the parts the client has. Approved, the call is sent
@@ -722,8 +723,9 @@ func TestAChatTurnThatWaitsForApprovalAsksInTheStreamAndTheNextRequestAnswers(t 
 
 		resumed := s.openChat(t, s.other, "GET", "/v1/chat/mail-yes/stream", s.alice, nil)
 		resumed.rest()
-		require.Equal(t, []string{"start", "start-step", "tool-input-available", "tool-approval-request", "finish-step", "finish"}, resumed.types(),
-			"a reload while the turn waits shows the request again")
+		require.Equal(t, []string{"start", "start-step", "text-start", "text-delta", "text-end", "tool-input-available", "tool-approval-request", "finish-step", "finish"}, resumed.types(),
+			"a reload while the turn waits shows the request again, after the text the turn said before it")
+		require.Equal(t, "Checking.", resumed.text(), "the text before the call, from the journal: a reload saw none of its deltas")
 		require.Equal(t, replyID, resumed.first("start")["messageId"])
 		require.Equal(t, approvalID, resumed.first("tool-approval-request")["approvalId"])
 

@@ -163,10 +163,16 @@ type eventStream struct {
 // resumeFrom opens: right after it, or with "reset" when the events stream
 // no longer holds what came after it.
 func (e *eventStream) resume(ctx context.Context, resumeFrom uint64) error {
-	firstSeq, lastSeq, err := e.s.hub.bounds(ctx)
-	switch {
-	case err != nil:
+	firstSeq, lastSeq, origin, err := e.s.hub.bounds(ctx)
+	if err != nil {
 		return err
+	}
+	if resumeFrom == 1 {
+		// Last-Event-ID 0: the client saw nothing of the stream and asks
+		// for all of it, from its first event.
+		resumeFrom = origin
+	}
+	switch {
 	case resumeFrom-1 > lastSeq:
 		// From another stream (reset or recreated): reload.
 		e.opening = "reset"

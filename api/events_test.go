@@ -148,11 +148,13 @@ func TestWebPageIsServed(t *testing.T) {
 
 // TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload:
 // the events stream is wiped with every other NATS file and provisioned
-// again by the next publish, its sequences starting over. An open event
+// again by the next publish, its sequences starting afresh. An open event
 // stream ends instead of falling silent (it followed the old stream's
 // position, which the new stream's events would reach only much later),
 // and its client, connecting again with its Last-Event-ID, is told to
-// reload, then gets the new stream's events.
+// reload, then gets the new stream's events: also when the new stream
+// has gone past as many events as its Last-Event-ID counted in the old
+// one (the ids of a stream made anew never name an old stream's events).
 func TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload(t *testing.T) {
 	t.Parallel()
 	l := startLiveAPI(t, nil, "alice")
@@ -174,7 +176,7 @@ func TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload(t *
 
 	ns.Wipe()
 	// The API provisions the stream again as it publishes this message's
-	// event; sequences start over.
+	// event, numbering its events afresh.
 	require.Eventually(t, nc.IsConnected, 30*time.Second, 20*time.Millisecond, "the API's NATS connection is back")
 	post("after-0")
 	select {
@@ -183,8 +185,15 @@ func TestAnEventsStreamMadeAnewEndsOpenStreamsAndTheirClientsAreToldToReload(t *
 		t.Fatal("the open stream neither ended nor got an event within 20s of the events stream being made anew")
 	}
 
+	// The new stream goes on past as many events as the old one held
+	// before its client's last id: that id must not name one of its
+	// events.
+	for i := range 3 {
+		post("after-more-" + strconv.Itoa(i))
+	}
+
 	r := openSSE(t, eventsURL, tok, last.ID)
-	require.Equal(t, "reset", r.next(t).Event, "a client resuming from the old stream is told to reload")
+	require.Equal(t, "reset", r.next(t).Event, "a client resuming from the old stream is told to reload, however far the new stream went")
 	post("after-1")
 	var got batonnats.ConversationEvent
 	require.NoError(t, json.Unmarshal([]byte(r.next(t).Data), &got))

@@ -44,9 +44,11 @@ type hub struct {
 	// position is the newest event the hub has handed out: a listener
 	// registered now gets every event after it.
 	position uint64
-	// first and last cache the stream's bounds for resuming clients.
-	first, last uint64
-	boundsAt    time.Time
+	// first and last cache the stream's bounds for resuming clients;
+	// origin is the sequence its first event had (or would have): events
+	// are numbered from the moment the stream was made, not from 1.
+	first, last, origin uint64
+	boundsAt            time.Time
 
 	// startMu guards following: started once it works, retried (at most
 	// once every retry) while it fails, never again once closed.
@@ -139,7 +141,7 @@ func (h *hub) follow() error {
 	info := stream.CachedInfo()
 	state := info.State
 	h.mu.Lock()
-	h.position, h.first, h.last, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, time.Now()
+	h.position, h.first, h.last, h.origin, h.boundsAt = state.LastSeq, state.FirstSeq, state.LastSeq, max(info.Config.FirstSeq, 1), time.Now()
 	h.mu.Unlock()
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{h.cfg.SubjectPrefix + ".>"},
@@ -244,7 +246,7 @@ func (h *hub) restart() {
 		}
 	}
 	h.listeners = map[string]map[*listener]struct{}{}
-	h.position, h.first, h.last, h.boundsAt = 0, 0, 0, time.Time{}
+	h.position, h.first, h.last, h.origin, h.boundsAt = 0, 0, 0, 0, time.Time{}
 	h.mu.Unlock()
 	h.startMu.Lock()
 	h.started, h.lastTry = false, time.Time{}
@@ -357,26 +359,26 @@ func (h *hub) forget(key string, l *listener) {
 	}
 }
 
-// bounds returns the stream's first and last sequences, read at most once
-// a second: a wave of reconnecting clients asks the server once, not once
-// each.
-func (h *hub) bounds(ctx context.Context) (first, last uint64, err error) {
+// bounds returns the stream's first and last sequences and its origin
+// (the sequence of its first event ever), read at most once a second: a
+// wave of reconnecting clients asks the server once, not once each.
+func (h *hub) bounds(ctx context.Context) (first, last, origin uint64, err error) {
 	h.mu.Lock()
 	fresh := time.Since(h.boundsAt) < time.Second
-	first, last = h.first, max(h.last, h.position)
+	first, last, origin = h.first, max(h.last, h.position), h.origin
 	h.mu.Unlock()
 	if fresh {
-		return first, last, nil
+		return first, last, origin, nil
 	}
 	stream, err := h.js.Stream(ctx, h.cfg.Name)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	state := stream.CachedInfo().State
+	info := stream.CachedInfo()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.first, h.last, h.boundsAt = state.FirstSeq, state.LastSeq, time.Now()
-	return h.first, max(h.last, h.position), nil
+	h.first, h.last, h.origin, h.boundsAt = info.State.FirstSeq, info.State.LastSeq, max(info.Config.FirstSeq, 1), time.Now()
+	return h.first, max(h.last, h.position), h.origin, nil
 }
 
 // catchUp sends the events of subject after seq from up to through

@@ -142,7 +142,16 @@ func ProvisionEventsStream(ctx context.Context, js jetstream.JetStream, c Events
 	if err := ValidatePrefix(c.SubjectPrefix); err != nil {
 		return nil, nil, err
 	}
-	return provision(ctx, js, c.JetStreamConfig(), o)
+	want := c.JetStreamConfig()
+	// A new events stream numbers its events from the moment it is made
+	// (microseconds since 1970), not from 1: an event id a client kept
+	// from a stream that was lost and made again (a broker that lost its
+	// store) is then below the new stream's first sequence, and the
+	// client is told to reload, instead of resuming after an id that
+	// names another event of the new stream and missing what came before
+	// it. The ids stay exact in JavaScript (below 2^53) until 2255.
+	want.FirstSeq = uint64(time.Now().UnixMicro())
+	return provision(ctx, js, want, o)
 }
 
 // EventPublisher publishes conversation events after commits.

@@ -182,6 +182,9 @@ func provision(ctx context.Context, js jetstream.JetStream, want jetstream.Strea
 		return nil, nil, fmt.Errorf("read stream %s: %w", want.Name, err)
 	}
 	have := s.CachedInfo().Config
+	// The first sequence is chosen when the stream is made; an update
+	// keeps the one it has.
+	want.FirstSeq = have.FirstSeq
 	if sameStream(have, want) {
 		return s, nil, nil
 	}

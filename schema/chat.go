@@ -252,6 +252,9 @@ type ChatApproval struct {
 	// ReplyID is the id the turn's reply will have: the turn resumes as
 	// the same turn.
 	ReplyID string
+	// Text and Reasoning are what the turn's journaled steps said before
+	// it stopped, a paragraph each step, as its reply will hold them.
+	Text, Reasoning string
 }
 
 // WaitingApproval returns the approval that an outbox row of the
@@ -265,12 +268,19 @@ func WaitingApproval(ctx context.Context, db Executor, conversationKey string, o
 	var args string
 	err := db.QueryRow(ctx, `
 		SELECT a.public_id, coalesce(o.tool_call_id, a.question->>'tool_call_id', ''), a.tool, a.arguments::text,
-			baton_reply_id(c.id, a.outbox_ids, (SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids)))
+			baton_reply_id(c.id, a.outbox_ids, (SELECT coalesce(max(x.generation), 0) FROM agent_outbox x WHERE x.id = ANY(a.outbox_ids))),
+			coalesce(j.text, ''), coalesce(j.reasoning, '')
 		FROM conversations c JOIN approvals a ON a.id = c.approval_id
 		LEFT JOIN operations o ON o.id = a.operation_id
+		LEFT JOIN LATERAL (
+			SELECT string_agg(s.answer->>'text', E'\n\n' ORDER BY s.step) FILTER (WHERE coalesce(s.answer->>'text', '') <> '') AS text,
+				string_agg(s.answer->>'reasoning', E'\n\n' ORDER BY s.step) FILTER (WHERE coalesce(s.answer->>'reasoning', '') <> '') AS reasoning
+			FROM agent_steps s
+			WHERE s.conversation_id = c.id AND s.turn_id = coalesce(o.turn_id, a.turn_id) AND s.epoch = coalesce(o.epoch, a.epoch)
+		) j ON true
 		WHERE c.id = $1 AND a.status = 'pending' AND a.expires_at > now()
 			AND EXISTS (SELECT 1 FROM agent_outbox x WHERE x.id = $2 AND x.conversation_id = c.id AND x.status = 'pending')`,
-		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &a.ReplyID)
+		conversationKey, outboxID).Scan(&a.ID, &a.ToolCallID, &a.Tool, &args, &a.ReplyID, &a.Text, &a.Reasoning)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -89,7 +89,22 @@ async function select(cid) {
   flushUnsent();
 }
 
-async function refresh() {
+// refresh reads the conversation's state again. Refreshes never overlap:
+// one asked for while another runs makes one more run after it, so that an
+// older read (the turn processing, before the reply) never lands after a
+// newer one (the reply, the turn done) and shows "thinking" for good.
+let refreshing = null, refreshAgain = false;
+function refresh() {
+  if (refreshing) { refreshAgain = true; return refreshing; }
+  refreshing = (async () => {
+    try {
+      do { refreshAgain = false; await readState(); } while (refreshAgain);
+    } finally { refreshing = null; }
+  })();
+  return refreshing;
+}
+
+async function readState() {
   if (!current) return;
   const cid = current;
   let c, all = [];
