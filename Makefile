@@ -126,16 +126,19 @@ dev: deps build
 # shows value, reference, ratio, aim. One package at a time, so that
 # nothing else runs beside a measurement. BENCH_ARGS="-bench Turns" picks
 # benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
-# processes that limit a figure.
+# processes that limit a figure. The console's pages are timed in process
+# over 1,000,000 conversations and 10,000,000 messages seeded inside
+# PostgreSQL (some minutes; BATON_CONSOLE_BENCH_CONVERSATIONS=N a smaller
+# size).
 BENCH_REPORT ?= bin/bench-report.jsonl
 # The names are anchored: ./agent/ also holds BenchmarkTurnsOfAGrowingConversation,
 # an in-process benchmark that `make bench` leaves out.
-BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep|BenchmarkAttachments)$$'
+BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep|BenchmarkAttachments|BenchmarkConsole)$$'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
 	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
-		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./agent/ ./relay/ ./schema/ || status=$$?; \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./agent/ ./relay/ ./schema/ ./console/ || status=$$?; \
 	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
 	exit $$status
 

@@ -59,6 +59,9 @@ func (s *Server) authFrom(src tokenSource, h http.HandlerFunc) http.HandlerFunc 
 		case errors.Is(err, schema.ErrTokenExpired):
 			unauthorized(w, "invalid_token", "the token expired: create a new one with `baton token create --user NAME`")
 			return
+		case errors.Is(err, schema.ErrOperatorToken):
+			unauthorized(w, "invalid_token", "the token is an operator's: it signs in to the console (baton console) only; a user's token comes from `baton token create --user NAME`")
+			return
 		case err != nil:
 			s.internalError(w, r, err)
 			return

@@ -239,3 +239,21 @@ func TestAuthenticateRecordsTheLastUseAndTheTokenItCameWith(t *testing.T) {
 	require.NotNil(t, list[0].LastUsedAt, "the use is recorded")
 	require.Equal(t, "active", list[0].State(time.Now()))
 }
+
+// TestAnOperatorsTokenIsRefusedByTheAPI: a token of `baton token create
+// --admin` signs in to the console only; the API answers 401 and says so,
+// and records no use of it.
+func TestAnOperatorsTokenIsRefusedByTheAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tok, _, err := schema.CreateOperatorToken(ctx, b.pool, "ops-ada", schema.RoleAdmin, time.Time{})
+	require.NoError(t, err)
+	r := b.do(t, tok, "GET", "/v1/conversations", nil)
+	require.Equal(t, http.StatusUnauthorized, r.Status)
+	require.Contains(t, r.Raw, "console")
+	list, err := schema.ListTokens(ctx, b.pool, "ops-ada")
+	require.NoError(t, err)
+	require.Equal(t, schema.RoleAdmin, list[0].OperatorRole)
+	require.Nil(t, list[0].LastUsedAt, "the API records no use of it")
+}

@@ -259,18 +259,26 @@ func TestManifestsRunEachComponentHardenedWithSecretsAsFiles(t *testing.T) {
 			switch pod.Labels["app.kubernetes.io/component"] {
 			case "relay":
 				require.Equal(t, int32(2), *d.Spec.Replicas, "two relays: one streams, one stands by")
-			case "api":
+			case "api", "console":
 				c := spec.Containers[0]
 				require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
 				require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
-				require.Equal(t, c.Ports[0].Name, c.ReadinessProbe.HTTPGet.Port.String(), "the probes use the API's port")
-				require.Len(t, services, 1)
-				require.Equal(t, c.Ports[0].Name, services[0].Spec.Ports[0].TargetPort.String(), "the Service sends to the API's port")
-				require.True(t, labels.SelectorFromSet(services[0].Spec.Selector).Matches(labels.Set(pod.Labels)), "the Service selects the API's pods")
+				require.Equal(t, c.Ports[0].Name, c.ReadinessProbe.HTTPGet.Port.String(), "the probes use the %s's port", name)
+				var selecting []*corev1.Service
+				for _, svc := range services {
+					if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+						selecting = append(selecting, svc)
+					}
+				}
+				require.Len(t, selecting, 1, "one Service selects the pods of %s", name)
+				require.Equal(t, c.Ports[0].Name, selecting[0].Spec.Ports[0].TargetPort.String(), "the Service sends to the port of %s", name)
+				if pod.Labels["app.kubernetes.io/component"] == "console" {
+					require.Contains(t, []corev1.ServiceType{"", corev1.ServiceTypeClusterIP}, selecting[0].Spec.Type, "the console stays on the cluster's network")
+				}
 			}
 		}
 	}
-	for _, c := range []string{"migrate", "api", "relay", "worker", "group-audit", "group-webhook"} {
+	for _, c := range []string{"migrate", "api", "console", "relay", "worker", "group-audit", "group-webhook"} {
 		require.True(t, components[c], "deploy/kubernetes runs %s", c)
 	}
 }

@@ -27,6 +27,40 @@ type Identity struct {
 	Subject string
 	// Expiry is the token's exp.
 	Expiry time.Time
+	// Claims are all of the token's verified claims.
+	Claims map[string]any
+}
+
+// HasClaim reports whether the token's claim name holds value: a string
+// equal to it, or an array with an element equal to it. A name with dots
+// that no claim has whole is a path into nested objects
+// ("realm_access.roles", as Keycloak puts roles).
+func (id Identity) HasClaim(name, value string) bool {
+	v, ok := id.Claims[name]
+	if !ok {
+		var cur any = map[string]any(id.Claims)
+		for _, part := range strings.Split(name, ".") {
+			m, isMap := cur.(map[string]any)
+			if !isMap {
+				return false
+			}
+			if cur, ok = m[part]; !ok {
+				return false
+			}
+		}
+		v = cur
+	}
+	switch v := v.(type) {
+	case string:
+		return v == value
+	case []any:
+		for _, e := range v {
+			if s, isString := e.(string); isString && s == value {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // UserName is the name of the token's user: "<iss>|<user claim>".
@@ -158,7 +192,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 	if strings.IndexFunc(subject, unicode.IsControl) >= 0 {
 		return Identity{}, refused("the token's %s claim holds control characters", v.cfg.UserClaim)
 	}
-	id := Identity{Issuer: std.Issuer, Subject: subject, Expiry: std.Expiry.Time()}
+	id := Identity{Issuer: std.Issuer, Subject: subject, Expiry: std.Expiry.Time(), Claims: all}
 	if n := utf8.RuneCountInString(id.UserName()); n > MaxUserNameLength {
 		return Identity{}, refused("the token's issuer and %s claim make a user name of %d characters, over the limit of %d", v.cfg.UserClaim, n, MaxUserNameLength)
 	}

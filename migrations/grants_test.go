@@ -79,7 +79,7 @@ func TestEveryGrantDecisionNamesWhatExists(t *testing.T) {
 	for _, m := range regexp.MustCompile(`\('([a-z]+)', (?:true|false), '(?:NO)?REPLICATION'\)`).FindAllStringSubmatch(string(sql), -1) {
 		made["baton_"+m[1]] = true
 	}
-	require.Len(t, made, 7, "the login roles of roles.sql")
+	require.Len(t, made, 8, "the login roles of roles.sql")
 	require.Contains(t, string(sql), "CREATE ROLE baton_producer", "roles.sql makes the group role baton_producer")
 	made["baton_producer"] = true
 

@@ -56,7 +56,7 @@ func RecordInboxTx(ctx context.Context, tx Executor, r InboxRow) (bool, error) {
 // transaction that applied it (a replay or a retry after a fix).
 func ResolveDeadLetterTx(ctx context.Context, tx Executor, group, eventID string) error {
 	if _, err := tx.Exec(ctx, `
-		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'applied'
+		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'applied', retry_requested_at = NULL, retry_requested_by = NULL
 		WHERE group_name = $1 AND event_id = $2 AND resolved_at IS NULL`, group, eventID); err != nil {
 		return fmt.Errorf("resolve dead letter: %w", err)
 	}
@@ -95,7 +95,7 @@ func DiscardDeadLetterTx(ctx context.Context, tx Executor, group string, id int6
 		return d, err
 	}
 	if err := tx.QueryRow(ctx, `
-		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'discarded'
+		UPDATE group_dead_letters SET resolved_at = now(), resolution = 'discarded', retry_requested_at = NULL, retry_requested_by = NULL
 		WHERE id = $1 RETURNING resolved_at, resolution`, id).Scan(&d.ResolvedAt, &d.Resolution); err != nil {
 		return d, fmt.Errorf("discard dead letter %d: %w", id, err)
 	}
@@ -154,6 +154,11 @@ type DeadLetter struct {
 	// PublishedAt is when the stream stored the event; nil for events
 	// parked before it was recorded.
 	PublishedAt *time.Time
+	// RetryRequestedAt is when an operator marked it for retry in the
+	// console, and RetryRequestedBy who; the group's process applies the
+	// retry and clears the mark. Nil when not marked.
+	RetryRequestedAt *time.Time
+	RetryRequestedBy string
 }
 
 // Park records d in group_dead_letters with the error that ended it,
@@ -171,7 +176,7 @@ func Park(ctx context.Context, db Executor, d DeadLetter) error {
 		ON CONFLICT (group_name, event_id) DO UPDATE
 		SET stream = excluded.stream, stream_seq = excluded.stream_seq, attempts = excluded.attempts,
 		    error = excluded.error, parked = group_dead_letters.parked + 1,
-		    parked_at = now(), resolved_at = NULL, resolution = NULL,
+		    parked_at = now(), resolved_at = NULL, resolution = NULL, retry_requested_at = NULL, retry_requested_by = NULL,
 		    published_at = coalesce(excluded.published_at, group_dead_letters.published_at)`,
 		d.Group, d.EventID, d.Stream, int64(d.StreamSeq), d.Subject, d.OutboxID, headers, d.Payload, d.Attempts, d.Error, d.PublishedAt)
 	if err != nil {
@@ -232,13 +237,15 @@ func DeadLetterByID(ctx context.Context, db Executor, group string, id int64, fo
 }
 
 const deadLetterColumns = `id, group_name, event_id, stream, stream_seq, subject, outbox_id, headers, payload, attempts, error,
-	parked, parked_at, resolved_at, coalesce(resolution, CASE WHEN resolved_at IS NOT NULL THEN 'applied' ELSE '' END), published_at`
+	parked, parked_at, resolved_at, coalesce(resolution, CASE WHEN resolved_at IS NOT NULL THEN 'applied' ELSE '' END), published_at,
+	retry_requested_at, coalesce(retry_requested_by, '')`
 
 func scanDeadLetter(row pgx.Row) (DeadLetter, error) {
 	var d DeadLetter
 	var seq int64
 	err := row.Scan(&d.ID, &d.Group, &d.EventID, &d.Stream, &seq, &d.Subject, &d.OutboxID, &d.Headers, &d.Payload,
-		&d.Attempts, &d.Error, &d.Parked, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.PublishedAt)
+		&d.Attempts, &d.Error, &d.Parked, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.PublishedAt,
+		&d.RetryRequestedAt, &d.RetryRequestedBy)
 	d.StreamSeq = uint64(seq)
 	return d, err
 }
@@ -270,4 +277,96 @@ func AppendAuditTx(ctx context.Context, tx Executor, e AuditEvent) error {
 		return fmt.Errorf("append audit event: %w", err)
 	}
 	return nil
+}
+
+// RequestDeadLetterRetryTx marks a parked event for retry at an
+// operator's request (the console). Nothing is applied here: the group's
+// own process, which has the handler, finds the mark (DeadLettersToRetry),
+// retries the event and clears it. One that is not the group's is
+// ErrNotFound; one resolved already ErrResolved.
+func RequestDeadLetterRetryTx(ctx context.Context, tx Executor, group string, id int64, operator string) (DeadLetter, error) {
+	d, err := DeadLetterByID(ctx, tx, group, id, true)
+	if err != nil {
+		return d, err
+	}
+	if d.ResolvedAt != nil {
+		return d, fmt.Errorf("%w: dead letter %d of group %s was %s at %s", ErrResolved, id, group, d.Resolution, d.ResolvedAt.Format(time.RFC3339))
+	}
+	if err := tx.QueryRow(ctx, `
+		UPDATE group_dead_letters SET retry_requested_at = now(), retry_requested_by = $2
+		WHERE id = $1 RETURNING retry_requested_at, retry_requested_by`, id, operator).Scan(&d.RetryRequestedAt, &d.RetryRequestedBy); err != nil {
+		return d, fmt.Errorf("mark dead letter %d for retry: %w", id, err)
+	}
+	return d, nil
+}
+
+// DeadLettersToRetry returns the ids of up to limit of a group's
+// unresolved dead letters that an operator marked for retry, oldest mark
+// first.
+func DeadLettersToRetry(ctx context.Context, db Executor, group string, limit int) ([]int64, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id FROM group_dead_letters
+		WHERE group_name = $1 AND retry_requested_at IS NOT NULL AND resolved_at IS NULL
+		ORDER BY id LIMIT $2`, group, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list the dead letters of group %s marked for retry: %w", group, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// ClearDeadLetterRetry takes the retry mark off a dead letter whose retry
+// could not run (it was resolved meanwhile, or cannot be decoded), so
+// that the group does not try it again and again.
+func ClearDeadLetterRetry(ctx context.Context, db Executor, group string, id int64) error {
+	if _, err := db.Exec(ctx, `
+		UPDATE group_dead_letters SET retry_requested_at = NULL, retry_requested_by = NULL
+		WHERE group_name = $1 AND id = $2`, group, id); err != nil {
+		return fmt.Errorf("clear the retry mark of dead letter %d of group %s: %w", id, group, err)
+	}
+	return nil
+}
+
+// DeadLetterGroup is one group's unresolved dead letters, counted.
+type DeadLetterGroup struct {
+	Group        string
+	Open         int64
+	OldestParked time.Time
+}
+
+// DeadLetterGroups counts the unresolved dead letters of each group that
+// has any, through the partial index of unresolved ones.
+func DeadLetterGroups(ctx context.Context, db Executor) ([]DeadLetterGroup, error) {
+	rows, err := db.Query(ctx, `
+		SELECT group_name, count(*), min(parked_at) FROM group_dead_letters
+		WHERE resolved_at IS NULL GROUP BY group_name ORDER BY group_name`)
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetterGroup, error) {
+		var g DeadLetterGroup
+		err := row.Scan(&g.Group, &g.Open, &g.OldestParked)
+		return g, err
+	})
+}
+
+// DeadLetterPage lists a group's unresolved dead letters, oldest first:
+// up to limit with an id above after.
+func DeadLetterPage(ctx context.Context, db Executor, group string, after int64, limit int) ([]DeadLetter, error) {
+	rows, err := db.Query(ctx, `
+		SELECT `+deadLetterColumns+` FROM group_dead_letters
+		WHERE group_name = $1 AND resolved_at IS NULL AND id > $2
+		ORDER BY id LIMIT $3`, group, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters of group %s: %w", group, err)
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		d, err := scanDeadLetter(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
 }

@@ -30,6 +30,8 @@ import (
 //     they do: its foreign key would delete them with it.
 //   - group_inbox: rows of events that the stream no longer holds, so that
 //     no redelivery or replay can bring the event back (see StreamFloor).
+//   - operator_actions: the console's record of what operators did and
+//     viewed, once older than OperatorActions.
 //
 // And files (migration 00029) that no message references any more: the
 // delete of a conversation removes those only its messages referenced, in
@@ -39,29 +41,31 @@ import (
 
 // Defaults of a Retention.
 const (
-	DefaultOutboxRetention       = 30 * 24 * time.Hour
-	DefaultRunRetention          = 30 * 24 * time.Hour
-	DefaultOperationRetention    = 30 * 24 * time.Hour
-	DefaultInboxMargin           = 24 * time.Hour
-	DefaultPruneBatch            = 1000
-	DefaultPrunePassTime         = time.Minute
-	DefaultPruneStatementTimeout = 30 * time.Second
-	minimumPruneStatementTimeout = 100 * time.Millisecond
-	minimumPruneLockTimeout      = 50 * time.Millisecond
+	DefaultOutboxRetention         = 30 * 24 * time.Hour
+	DefaultRunRetention            = 30 * 24 * time.Hour
+	DefaultOperationRetention      = 30 * 24 * time.Hour
+	DefaultInboxMargin             = 24 * time.Hour
+	DefaultOperatorActionRetention = 90 * 24 * time.Hour
+	DefaultPruneBatch              = 1000
+	DefaultPrunePassTime           = time.Minute
+	DefaultPruneStatementTimeout   = 30 * time.Second
+	minimumPruneStatementTimeout   = 100 * time.Millisecond
+	minimumPruneLockTimeout        = 50 * time.Millisecond
 )
 
 // Prunable tables, as PruneResult and the metrics name them.
 const (
-	TableOutbox     = "agent_outbox"
-	TableRuns       = "agent_runs"
-	TableOperations = "operations"
-	TableInbox      = "group_inbox"
+	TableOutbox          = "agent_outbox"
+	TableRuns            = "agent_runs"
+	TableOperations      = "operations"
+	TableInbox           = "group_inbox"
+	TableOperatorActions = "operator_actions"
 )
 
 // PrunedTables are the tables Prune deletes from, in the order of a round:
 // operations before runs, so that a run whose operations go can go in the
 // same pass.
-var PrunedTables = []string{TableOperations, TableRuns, TableOutbox, TableInbox}
+var PrunedTables = []string{TableOperations, TableRuns, TableOutbox, TableInbox, TableOperatorActions}
 
 // Retention configures Prune.
 type Retention struct {
@@ -79,6 +83,9 @@ type Retention struct {
 	// again (same id, a second copy) after being away for less than it.
 	// Defaults to 24 hours.
 	InboxMargin time.Duration
+	// OperatorActions is how long the console's record of operators'
+	// actions and views is kept. Defaults to 90 days.
+	OperatorActions time.Duration
 	// Batch is how many rows one statement deletes at most. Defaults to
 	// 1000.
 	Batch int
@@ -105,6 +112,9 @@ func (r Retention) WithDefaults() Retention {
 	if r.InboxMargin == 0 {
 		r.InboxMargin = DefaultInboxMargin
 	}
+	if r.OperatorActions == 0 {
+		r.OperatorActions = DefaultOperatorActionRetention
+	}
 	if r.Batch == 0 {
 		r.Batch = DefaultPruneBatch
 	}
@@ -126,6 +136,8 @@ func (r Retention) Validate() error {
 		return setting.Errorf("Runs", r.Runs, "must be positive, such as %s", DefaultRunRetention)
 	case r.Operations <= 0:
 		return setting.Errorf("Operations", r.Operations, "must be positive, such as %s", DefaultOperationRetention)
+	case r.OperatorActions <= 0:
+		return setting.Errorf("OperatorActions", r.OperatorActions, "must be positive, such as %s", DefaultOperatorActionRetention)
 	case r.InboxMargin < 0:
 		return setting.Errorf("InboxMargin", r.InboxMargin, "must not be negative, such as %s", DefaultInboxMargin)
 	case r.Batch < 1 || r.Batch > 100000:
@@ -233,6 +245,8 @@ func Prune(ctx context.Context, db Beginner, r Retention, floors []StreamFloor, 
 				n, left, err = pruneRuns(ctx, db, r, cursor)
 			case TableOutbox:
 				n, left, err = pruneBatch(ctx, db, r, pruneOutboxSQL, r.Outbox.Seconds(), r.Batch)
+			case TableOperatorActions:
+				n, left, err = pruneBatch(ctx, db, r, pruneOperatorActionsSQL, r.OperatorActions.Seconds(), r.Batch)
 			case TableInbox:
 				for i, f := range floors {
 					if inboxDone[i] {
@@ -296,6 +310,9 @@ func PruneDryRun(ctx context.Context, db Executor, r Retention, floors []StreamF
 	if err := count(TableOutbox, `SELECT count(*) FROM agent_outbox c WHERE `+outboxPrunable, r.Outbox.Seconds()); err != nil {
 		return res, err
 	}
+	if err := count(TableOperatorActions, `SELECT count(*) FROM operator_actions c WHERE `+operatorActionPrunable, r.OperatorActions.Seconds()); err != nil {
+		return res, err
+	}
 	res.Rows[TableInbox] = 0
 	for _, f := range floors {
 		if err := count(TableInbox, `SELECT count(*) FROM group_inbox c WHERE `+inboxPrunable, inboxArgs(r, f, floors)...); err != nil {
@@ -317,6 +334,9 @@ const (
 		AND coalesce(c.processed_at, c.created_at) < now() - make_interval(secs => $1)
 		AND (c.status = 'done' OR coalesce((SELECT m.role FROM messages m WHERE m.conversation_id = c.conversation_id
 			ORDER BY m.seq DESC LIMIT 1), '') <> 'error')`
+
+	// An operator's action older than the retention.
+	operatorActionPrunable = `c.at < now() - make_interval(secs => $1)`
 
 	// A run that ended before the retention.
 	runEnded = `c.status <> 'running' AND coalesce(c.finished_at, c.started_at) < now() - make_interval(secs => $1)`
@@ -365,6 +385,14 @@ var (
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED)
 		DELETE FROM agent_outbox o USING w WHERE o.id = w.id`
+
+	// Operator actions are written once and never changed.
+	pruneOperatorActionsSQL = `
+		WITH w AS (
+			SELECT c.id FROM operator_actions c WHERE ` + operatorActionPrunable + `
+			ORDER BY c.at
+			LIMIT $2)
+		DELETE FROM operator_actions o USING w WHERE o.id = w.id`
 
 	// The operations of ended runs no longer change, so nobody holds them.
 	pruneOperationsSQL = `
@@ -510,6 +538,7 @@ var tableOldest = []struct{ table, of, query string }{
 	{"group_dead_letters", "unresolved dead letter, parked", `
 		SELECT min(parked_at) FROM group_dead_letters WHERE resolved_at IS NULL`},
 	{"audit_events", "audit event, recorded", `SELECT recorded_at FROM audit_events ORDER BY id LIMIT 1`},
+	{TableOperatorActions, "operator action, recorded", `SELECT at FROM operator_actions ORDER BY at LIMIT 1`},
 	{"messages", "", ``},
 }
 

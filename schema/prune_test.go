@@ -23,7 +23,7 @@ func TestTableStatsShowsEachGrowingTableItsSizeAndItsOldestRow(t *testing.T) {
 		require.Positive(t, s.Bytes, "%s has a size on disk (its indexes at least)", s.Table)
 		require.Nil(t, s.Oldest, "%s is empty", s.Table)
 	}
-	require.Equal(t, []string{"agent_outbox", "agent_runs", "operations", "group_inbox", "group_dead_letters", "audit_events", "messages"}, tables)
+	require.Equal(t, []string{"agent_outbox", "agent_runs", "operations", "group_inbox", "group_dead_letters", "audit_events", "operator_actions", "messages"}, tables)
 
 	applied := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
 	_, err = db.Pool.Exec(ctx, `
@@ -45,15 +45,41 @@ func TestRetentionNamesTheSettingThatCannotWork(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, schema.Retention{}.WithDefaults().Validate())
 	for field, r := range map[string]schema.Retention{
-		"Outbox":     {Outbox: -time.Second},
-		"Runs":       {Runs: -time.Second},
-		"Operations": {Operations: -time.Second},
-		"Batch":      {Batch: -1},
-		"PassTime":   {PassTime: -time.Second},
+		"Outbox":          {Outbox: -time.Second},
+		"Runs":            {Runs: -time.Second},
+		"Operations":      {Operations: -time.Second},
+		"Batch":           {Batch: -1},
+		"PassTime":        {PassTime: -time.Second},
+		"OperatorActions": {OperatorActions: -time.Second},
 	} {
 		err := r.WithDefaults().Validate()
 		require.ErrorContains(t, err, field, "a bad %s is named", field)
 	}
+}
+
+// TestPruneDeletesOperatorActionsPastTheirRetentionOnly: the console's
+// record of operators' actions goes once older than its retention; the
+// newer ones stay, and a dry run counts the same.
+func TestPruneDeletesOperatorActionsPastTheirRetentionOnly(t *testing.T) {
+	t.Parallel()
+	db := testenv.Database(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO operator_actions (at, operator, role, action, target) VALUES
+			(now() - interval '100 days', 'ops', 'admin', 'retry_turn', 'c1'),
+			(now() - interval '91 days', 'ops', 'admin', 'view_conversation', 'c1'),
+			(now() - interval '1 day', 'ops', 'viewer', 'view_conversation', 'c2')`)
+	require.NoError(t, err)
+	dry, err := schema.PruneDryRun(ctx, db.Pool, schema.Retention{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), dry.Rows[schema.TableOperatorActions])
+	res, err := schema.Prune(ctx, db.Pool, schema.Retention{}, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.Rows[schema.TableOperatorActions], "the default retention is 90 days")
+	left, err := schema.OperatorActions(ctx, db.Pool, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, "c2", left[0].Target)
 }
 
 // TestPruneKeepsTheOperationsOfATurnThatWaitsToGoOnFromItsJournal: the

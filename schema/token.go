@@ -30,7 +30,23 @@ const lastUsedResolution = time.Minute
 var (
 	ErrTokenRevoked = errors.New("the token was revoked")
 	ErrTokenExpired = errors.New("the token expired")
+	// ErrOperatorToken: an operator's token, which signs in to the
+	// console and nowhere else.
+	ErrOperatorToken = errors.New("the token is an operator's: it signs in to the console only")
 )
+
+// OperatorRole is what an operator may do in the console.
+type OperatorRole string
+
+const (
+	// RoleAdmin reads and acts: retries, recorded outcomes, dead letters.
+	RoleAdmin OperatorRole = "admin"
+	// RoleViewer reads only.
+	RoleViewer OperatorRole = "viewer"
+)
+
+// Valid reports whether r is one of the roles.
+func (r OperatorRole) Valid() bool { return r == RoleAdmin || r == RoleViewer }
 
 // User owns conversations. Authenticate also fills in the token the
 // request came with, so that a long-lived request (an event stream) can
@@ -58,6 +74,9 @@ type Token struct {
 	ExpiresAt  *time.Time
 	RevokedAt  *time.Time
 	LastUsedAt *time.Time
+	// OperatorRole is the console role of an operator token; empty for a
+	// user's token.
+	OperatorRole OperatorRole
 }
 
 // State is "active", "revoked" or "expired" at now.
@@ -89,6 +108,21 @@ func CreateToken(ctx context.Context, db Executor, userName string) (string, Use
 // expiresAt; a zero expiresAt never expires. The returned User carries
 // the new token's id and expiry.
 func CreateTokenUntil(ctx context.Context, db Executor, userName string, expiresAt time.Time) (string, User, error) {
+	return createToken(ctx, db, userName, expiresAt, "")
+}
+
+// CreateOperatorToken is CreateTokenUntil for an operator of the console
+// with the given role. The token signs in to the console only: the API
+// refuses it (ErrOperatorToken), so an operator's token never reads or
+// writes as a user.
+func CreateOperatorToken(ctx context.Context, db Executor, userName string, role OperatorRole, expiresAt time.Time) (string, User, error) {
+	if !role.Valid() {
+		return "", User{}, fmt.Errorf("operator role %q: give %q or %q", role, RoleAdmin, RoleViewer)
+	}
+	return createToken(ctx, db, userName, expiresAt, role)
+}
+
+func createToken(ctx context.Context, db Executor, userName string, expiresAt time.Time, role OperatorRole) (string, User, error) {
 	userName = strings.TrimSpace(userName)
 	if userName == "" || utf8.RuneCountInString(userName) > MaxUserNameLength {
 		return "", User{}, fmt.Errorf("user name must be 1 to %d characters", MaxUserNameLength)
@@ -126,8 +160,8 @@ func CreateTokenUntil(ctx context.Context, db Executor, userName string, expires
 		}
 		token := tokenPrefix + publicID + "_" + base64.RawURLEncoding.EncodeToString(raw)
 		err = db.QueryRow(ctx, `
-			INSERT INTO api_tokens (user_id, token_hash, public_id, expires_at) VALUES ($1, $2, $3, $4)
-			RETURNING id`, u.ID, HashToken(token), publicID, expires).Scan(&u.TokenID)
+			INSERT INTO api_tokens (user_id, token_hash, public_id, expires_at, operator_role) VALUES ($1, $2, $3, $4, nullif($5, ''))
+			RETURNING id`, u.ID, HashToken(token), publicID, expires, string(role)).Scan(&u.TokenID)
 		if IsUniqueViolation(err) && attempt < 3 {
 			continue
 		}
@@ -163,35 +197,38 @@ func randomAlphanumeric(n int) (string, error) {
 
 // Authenticate returns the user a token belongs to, with the token's id
 // and expiry. An unknown token is ErrNotFound; a revoked one
-// ErrTokenRevoked; an expired one ErrTokenExpired. It records the use
-// (last_used_at, to the minute).
+// ErrTokenRevoked; an expired one ErrTokenExpired; an operator's token
+// ErrOperatorToken. It records the use (last_used_at, to the minute).
 func Authenticate(ctx context.Context, db Executor, token string) (User, error) {
 	if !strings.HasPrefix(token, tokenPrefix) {
 		return User{}, ErrNotFound
 	}
 	var (
-		u                User
-		revoked, expired bool
-		expiresAt        *time.Time
+		u                          User
+		revoked, expired, operator bool
+		expiresAt                  *time.Time
 	)
 	err := db.QueryRow(ctx, `
 		WITH t AS (
 			SELECT t.id, t.user_id, u.name, t.expires_at,
 			       t.revoked_at IS NOT NULL AS revoked,
-			       coalesce(t.expires_at <= now(), false) AS expired
+			       coalesce(t.expires_at <= now(), false) AS expired,
+			       t.operator_role IS NOT NULL AS operator
 			FROM api_tokens t JOIN users u ON u.id = t.user_id
 			WHERE t.token_hash = $1),
 		used AS (
 			UPDATE api_tokens SET last_used_at = now()
-			WHERE id = (SELECT id FROM t WHERE NOT revoked AND NOT expired)
+			WHERE id = (SELECT id FROM t WHERE NOT revoked AND NOT expired AND NOT operator)
 			  AND (last_used_at IS NULL OR last_used_at < now() - $2::interval))
-		SELECT id, user_id, name, expires_at, revoked, expired FROM t`,
-		HashToken(token), lastUsedResolution).Scan(&u.TokenID, &u.ID, &u.Name, &expiresAt, &revoked, &expired)
+		SELECT id, user_id, name, expires_at, revoked, expired, operator FROM t`,
+		HashToken(token), lastUsedResolution).Scan(&u.TokenID, &u.ID, &u.Name, &expiresAt, &revoked, &expired, &operator)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return User{}, ErrNotFound
 	case err != nil:
 		return User{}, err
+	case operator:
+		return User{}, ErrOperatorToken
 	case revoked:
 		return User{}, ErrTokenRevoked
 	case expired:
@@ -209,7 +246,7 @@ func Authenticate(ctx context.Context, db Executor, token string) (User, error) 
 func TokenActive(ctx context.Context, db Executor, tokenID int64) (bool, error) {
 	var active bool
 	err := db.QueryRow(ctx, `
-		SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+		SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()) AND operator_role IS NULL
 		FROM api_tokens WHERE id = $1`, tokenID).Scan(&active)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -229,7 +266,7 @@ func ListTokens(ctx context.Context, db Executor, userName string) ([]Token, err
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT t.id, coalesce(t.public_id, ''), u.name, t.created_at, t.expires_at, t.revoked_at, t.last_used_at
+		SELECT t.id, coalesce(t.public_id, ''), u.name, t.created_at, t.expires_at, t.revoked_at, t.last_used_at, coalesce(t.operator_role, '')
 		FROM api_tokens t JOIN users u ON u.id = t.user_id
 		WHERE t.user_id = $1 ORDER BY t.created_at, t.id`, userID)
 	if err != nil {
@@ -240,7 +277,9 @@ func ListTokens(ctx context.Context, db Executor, userName string) ([]Token, err
 
 func scanToken(row pgx.CollectableRow) (Token, error) {
 	var t Token
-	err := row.Scan(&t.ID, &t.PublicID, &t.UserName, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &t.LastUsedAt)
+	var role string
+	err := row.Scan(&t.ID, &t.PublicID, &t.UserName, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &t.LastUsedAt, &role)
+	t.OperatorRole = OperatorRole(role)
 	return t, err
 }
 
@@ -252,8 +291,8 @@ func RevokeToken(ctx context.Context, db Executor, tokenID int64) (Token, error)
 		WITH rev AS (
 			UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
 			WHERE id = $1
-			RETURNING id, public_id, user_id, created_at, expires_at, revoked_at, last_used_at)
-		SELECT rev.id, coalesce(rev.public_id, ''), u.name, rev.created_at, rev.expires_at, rev.revoked_at, rev.last_used_at
+			RETURNING id, public_id, user_id, created_at, expires_at, revoked_at, last_used_at, operator_role)
+		SELECT rev.id, coalesce(rev.public_id, ''), u.name, rev.created_at, rev.expires_at, rev.revoked_at, rev.last_used_at, coalesce(rev.operator_role, '')
 		FROM rev JOIN users u ON u.id = rev.user_id`, tokenID)
 	if err != nil {
 		return Token{}, err

@@ -97,6 +97,49 @@ func (g *Group) RetryDeadLetter(ctx context.Context, id int64) (Outcome, error) 
 	return outcome, nil
 }
 
+// applyRetryRequests retries, with this process's handler, the group's
+// dead letters that an operator marked for retry (the console marks them
+// and applies nothing: only the group has the handler), every
+// RetryRequestInterval until ctx ends. A retry that fails parks the event
+// again, which clears the mark; one that cannot run at all (the event was
+// resolved meanwhile, its headers do not decode) clears it too, so that
+// nothing is tried again and again. Several processes of the group may
+// take the same mark: the inbox applies the event once.
+func (g *Group) applyRetryRequests(ctx context.Context) {
+	t := time.NewTicker(g.cfg.RetryRequestInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids, err := schema.DeadLettersToRetry(ctx, g.pool, g.cfg.Name, 100)
+		if err != nil {
+			if ctx.Err() == nil {
+				g.log.Warn().Err(err).Msg("cannot read the dead letters marked for retry; trying again later")
+			}
+			continue
+		}
+		for _, id := range ids {
+			outcome, err := g.RetryDeadLetter(ctx, id)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil:
+				g.log.Info().Int64("dead_letter", id).Str("outcome", string(outcome)).Msg("retried a dead letter an operator marked")
+			case outcome == OutcomeParked:
+				g.log.Warn().Err(err).Int64("dead_letter", id).Msg("a dead letter an operator marked for retry failed again and is parked")
+			default:
+				g.log.Warn().Err(err).Int64("dead_letter", id).Msg("cannot retry a dead letter an operator marked; its mark is cleared")
+				if cerr := schema.ClearDeadLetterRetry(ctx, g.pool, g.cfg.Name, id); cerr != nil && ctx.Err() == nil {
+					g.log.Warn().Err(cerr).Int64("dead_letter", id).Msg("cannot clear a dead letter's retry mark")
+				}
+			}
+		}
+	}
+}
+
 // DeadLetters lists a group's parked events, oldest first; unresolved only
 // unless all is set.
 func DeadLetters(ctx context.Context, db schema.Executor, group string, all bool) ([]DeadLetter, error) {

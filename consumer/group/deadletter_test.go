@@ -133,3 +133,64 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// TestADeadLetterMarkedForRetryIsAppliedByTheGroupsOwnProcess: the
+// console only marks a dead letter; the running group finds the mark,
+// retries the event with its handler and clears it. Still failing, the
+// event is parked again without its mark (no retry loop); fixed and
+// marked again, it is applied once and resolved.
+func TestADeadLetterMarkedForRetryIsAppliedByTheGroupsOwnProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createEffects(t, b)
+	b.RelayStreaming()
+	ctx := context.Background()
+
+	var fixed atomic.Bool
+	handler := func(ctx context.Context, tx pgx.Tx, ev Event) error {
+		if !fixed.Load() {
+			return Permanent(errors.New("receiver refused it"))
+		}
+		return recordEffect(ctx, tx, ev)
+	}
+	cfg := b.groupConfig("marked", handler)
+	cfg.RetryRequestInterval = 50 * time.Millisecond
+	settled := make(chan Outcome, 16)
+	cfg.OnSettled = func(_ Event, o Outcome) { settled <- o }
+	stop := b.startGroup(cfg)
+	t.Cleanup(func() { _ = stop() })
+	b.Conversation("poison")
+	b.Send("poison", "p1", "one")
+	require.Equal(t, OutcomeParked, <-settled)
+
+	dead, err := DeadLetters(ctx, b.DB.Pool, "marked", false)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	mark := func() {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
+			_, err := schema.RequestDeadLetterRetryTx(ctx, tx, "marked", dead[0].ID, "ops-ada")
+			return err
+		}))
+	}
+	mark()
+	require.Equal(t, OutcomeParked, <-settled, "the group retried it, and it failed again")
+	d, err := schema.DeadLetterByID(ctx, b.DB.Pool, "marked", dead[0].ID, false)
+	require.NoError(t, err)
+	require.Nil(t, d.RetryRequestedAt, "parking it again cleared the mark")
+	require.Equal(t, 2, d.Parked)
+
+	fixed.Store(true)
+	mark()
+	require.Equal(t, OutcomeApplied, <-settled)
+	d, err = schema.DeadLetterByID(ctx, b.DB.Pool, "marked", dead[0].ID, false)
+	require.NoError(t, err)
+	require.NotNil(t, d.ResolvedAt)
+	require.Nil(t, d.RetryRequestedAt)
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM test_effects WHERE event_id = $1`, dead[0].EventID))
+	err = pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
+		_, err := schema.RequestDeadLetterRetryTx(ctx, tx, "marked", dead[0].ID, "ops-ada")
+		return err
+	})
+	require.ErrorIs(t, err, schema.ErrResolved, "a resolved dead letter is not marked")
+}

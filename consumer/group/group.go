@@ -62,6 +62,9 @@ const (
 	// DefaultShutdownTimeout bounds how long a shutdown lets running
 	// handlers finish before it cancels them.
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultRetryRequestInterval is how often a group looks for dead
+	// letters marked for retry.
+	DefaultRetryRequestInterval = 5 * time.Second
 )
 
 // Config configures a consumer group: a named durable consumer on the
@@ -104,6 +107,10 @@ type Config struct {
 	// CheckInterval is how often the group checks that its durable still
 	// exists, to create it again when it does not. Defaults to 15s.
 	CheckInterval time.Duration
+	// RetryRequestInterval is how often the group looks for dead letters
+	// an operator marked for retry in the console, and retries them with
+	// its handler. Defaults to 5s.
+	RetryRequestInterval time.Duration
 	// Logger receives the group's logs. Defaults to no logging.
 	Logger *zerolog.Logger
 	// Registerer receives the group's metrics. Defaults to a private
@@ -164,6 +171,9 @@ func (c Config) WithDefaults() Config {
 	if c.CheckInterval == 0 {
 		c.CheckInterval = pull.DefaultCheckInterval
 	}
+	if c.RetryRequestInterval == 0 {
+		c.RetryRequestInterval = DefaultRetryRequestInterval
+	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()
 		c.Logger = &nop
@@ -195,6 +205,8 @@ func (c Config) Validate() error {
 		return setting.Errorf("ShutdownTimeout", c.ShutdownTimeout, "must be positive")
 	case c.CheckInterval <= 0:
 		return setting.Errorf("CheckInterval", c.CheckInterval, "must be positive")
+	case c.RetryRequestInterval <= 0:
+		return setting.Errorf("RetryRequestInterval", c.RetryRequestInterval, "must be positive")
 	}
 	if err := c.Stream.Validate(); err != nil {
 		return setting.Within("Stream", err)
@@ -310,6 +322,7 @@ func (g *Group) Run(ctx context.Context) error {
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	wg.Go(func() { g.watchDeadLetters(watchCtx) })
+	wg.Go(func() { g.applyRetryRequests(watchCtx) })
 	defer stopWatch()
 	g.log.Info().Str("stream", stream.Name).Int("lanes", g.cfg.Lanes).Msg("group started")
 	runErr := loop.Run(ctx, func(msg jetstream.Msg) {

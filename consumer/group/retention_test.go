@@ -108,8 +108,16 @@ func TestPruneKeepsWhatTheRulesKeepAndAReplayOfTheRetainedEventsAppliesNothingTw
 		VALUES ('run_superseded', $1, 'call_1', 'lookup', 'read', 'completed', 'turn_superseded', 0, 0)`, b.Key("plain"))
 	require.NoError(t, err)
 
+	// The console's record of an operator's actions, one older than the
+	// retention and one young.
+	_, err = b.DB.Pool.Exec(ctx, `
+		INSERT INTO operator_actions (at, operator, role, action, target) VALUES
+			(now() - interval '1 hour', 'ops', 'admin', 'view_conversation', $1),
+			(now() + interval '1 hour', 'ops', 'admin', 'view_conversation', $1)`, b.Key("plain"))
+	require.NoError(t, err)
+
 	const retention = 3 * time.Second
-	ret := schema.Retention{Outbox: retention, Runs: retention, Operations: retention, InboxMargin: time.Millisecond, Batch: 2}
+	ret := schema.Retention{Outbox: retention, Runs: retention, Operations: retention, OperatorActions: retention, InboxMargin: time.Millisecond, Batch: 2}
 
 	// Phase one ages past the retention; the stream then holds only what
 	// comes after it, as if its max age had passed.
@@ -191,6 +199,10 @@ func TestPruneKeepsWhatTheRulesKeepAndAReplayOfTheRetainedEventsAppliesNothingTw
 	// event it still holds is kept.
 	require.Zero(t, b.Count(`SELECT count(*) FROM group_inbox WHERE stream_seq < $1`, int64(floorSeq)))
 	require.Equal(t, retainedInbox, b.Count(`SELECT count(*) FROM group_inbox`))
+
+	// Operator actions: the old one gone, the young one kept.
+	require.Equal(t, 1, b.Count(`SELECT count(*) FROM operator_actions WHERE at > now()`))
+	require.Zero(t, b.Count(`SELECT count(*) FROM operator_actions WHERE at < $1`, cutoff))
 
 	// Every conversation's messages are intact.
 	require.Equal(t, history, messagesOf(t, b))

@@ -36,6 +36,7 @@ var Users = []User{
 	{Name: "group-webhook", Env: "BATON_NATS_NKEY_GROUP_WEBHOOK", InboxPrefix: "_INBOX_webhook"},
 	{Name: "replay", Env: "BATON_NATS_NKEY_REPLAY", InboxPrefix: "_INBOX_replay"},
 	{Name: "status", Env: "BATON_NATS_NKEY_STATUS", InboxPrefix: "_INBOX_status"},
+	{Name: "console", Env: "BATON_NATS_NKEY_CONSOLE", InboxPrefix: "_INBOX_console"},
 	{Name: "sys", Env: "BATON_NATS_NKEY_SYS"},
 }
 

@@ -60,11 +60,13 @@ func TestShippedClusterGivesEachComponentWhatItNeedsAndNoMore(t *testing.T) {
 		{"group owns its durable", checkGroupOwnsItsDurable},
 		{"replay resets a group", checkReplayResetsAGroup},
 		{"status reads", checkStatusReads},
+		{"console reads", checkConsoleReads},
 		{"api cannot publish triggers", checkAPICannotPublishTriggers},
 		{"worker cannot delete or change the streams", checkWorkerCannotChangeTheStreams},
 		{"group cannot take another durable", checkGroupCannotTakeAnotherDurable},
 		{"replay cannot take over durables", checkReplayCannotTakeOverDurables},
 		{"status is read-only", checkStatusIsReadOnly},
+		{"console is read-only", checkConsoleIsReadOnly},
 		{"no component reads another's inbox", checkNoComponentReadsAnothersInbox},
 		{"only known users with the CA connect", checkOnlyKnownUsersWithTheCAConnect},
 		{"clients and routes use TLS, monitoring is local", checkTLSAndMonitoring},
@@ -456,27 +458,33 @@ func checkReplayResetsAGroup(ctx context.Context, c *cluster) error {
 	})
 }
 
-func checkStatusReads(ctx context.Context, c *cluster) error {
-	status, err := c.dial("status")
+func checkStatusReads(ctx context.Context, c *cluster) error { return checkReads(ctx, c, "status") }
+
+func checkConsoleReads(ctx context.Context, c *cluster) error { return checkReads(ctx, c, "console") }
+
+// checkReads: a read-only user (status, console) reads the account, the
+// outbox stream and the list of its consumers.
+func checkReads(ctx context.Context, c *cluster, user string) error {
+	status, err := c.dial(user)
 	if err != nil {
 		return err
 	}
 	defer status.nc.Close()
-	if err := status.allowed(ctx, "status reads the account", func(ctx context.Context) error {
+	if err := status.allowed(ctx, user+" reads the account", func(ctx context.Context) error {
 		_, err := status.js.AccountInfo(ctx)
 		return err
 	}); err != nil {
 		return err
 	}
 	var stream jetstream.Stream
-	if err := status.allowed(ctx, "status reads the outbox stream", func(ctx context.Context) (err error) {
+	if err := status.allowed(ctx, user+" reads the outbox stream", func(ctx context.Context) (err error) {
 		stream, err = status.js.Stream(ctx, outboxStream.Name)
 		return err
 	}); err != nil {
 		return err
 	}
 	var groups []string
-	if err := status.allowed(ctx, "status lists the groups", func(ctx context.Context) error {
+	if err := status.allowed(ctx, user+" lists the groups", func(ctx context.Context) error {
 		l := stream.ListConsumers(ctx)
 		for ci := range l.Info() {
 			groups = append(groups, ci.Name)
@@ -487,7 +495,7 @@ func checkStatusReads(ctx context.Context, c *cluster) error {
 	}
 	slices.Sort(groups)
 	if !slices.Equal(groups, []string{"audit", "turns"}) {
-		return fmt.Errorf("status listed groups %v, want [audit turns]", groups)
+		return fmt.Errorf("%s listed groups %v, want [audit turns]", user, groups)
 	}
 	return nil
 }
@@ -670,11 +678,26 @@ func checkReplayCannotTakeOverDurables(ctx context.Context, c *cluster) error {
 }
 
 func checkStatusIsReadOnly(ctx context.Context, c *cluster) error {
+	return checkReadOnly(ctx, c, "status")
+}
+
+func checkConsoleIsReadOnly(ctx context.Context, c *cluster) error {
+	if err := checkReadOnly(ctx, c, "console"); err != nil {
+		return err
+	}
+	return refusedAs(ctx, c, "console", "console deletes the durable turns", "$JS.API.CONSUMER.DELETE.BATON_OUTBOX.turns", func(ctx context.Context, s *client) error {
+		return s.js.DeleteConsumer(ctx, outboxStream.Name, "turns")
+	})
+}
+
+// checkReadOnly: a read-only user (status, console) reads no message,
+// creates no consumer and deletes no stream.
+func checkReadOnly(ctx context.Context, c *cluster, user string) error {
 	for _, step := range []struct {
 		what, subject string
 		op            func(context.Context, *client) error
 	}{
-		{"status reads a message", "$JS.API.STREAM.MSG.GET.BATON_OUTBOX", func(ctx context.Context, s *client) error {
+		{user + " reads a message", "$JS.API.STREAM.MSG.GET.BATON_OUTBOX", func(ctx context.Context, s *client) error {
 			st, err := s.js.Stream(ctx, outboxStream.Name)
 			if err != nil {
 				return err
@@ -682,15 +705,15 @@ func checkStatusIsReadOnly(ctx context.Context, c *cluster) error {
 			_, err = st.GetMsg(ctx, 1)
 			return err
 		}},
-		{"status creates a consumer", "$JS.API.CONSUMER.CREATE.BATON_OUTBOX", func(ctx context.Context, s *client) error {
+		{user + " creates a consumer", "$JS.API.CONSUMER.CREATE.BATON_OUTBOX", func(ctx context.Context, s *client) error {
 			_, err := s.js.CreateConsumer(ctx, outboxStream.Name, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
 			return err
 		}},
-		{"status deletes the outbox stream", "$JS.API.STREAM.DELETE.BATON_OUTBOX", func(ctx context.Context, s *client) error {
+		{user + " deletes the outbox stream", "$JS.API.STREAM.DELETE.BATON_OUTBOX", func(ctx context.Context, s *client) error {
 			return s.js.DeleteStream(ctx, outboxStream.Name)
 		}},
 	} {
-		if err := refusedAs(ctx, c, "status", step.what, step.subject, step.op); err != nil {
+		if err := refusedAs(ctx, c, user, step.what, step.subject, step.op); err != nil {
 			return err
 		}
 	}
@@ -704,6 +727,7 @@ func checkNoComponentReadsAnothersInbox(ctx context.Context, c *cluster) error {
 		{"relay", "_INBOX_api.>"},
 		{"group-audit", "_INBOX_webhook.>"},
 		{"status", "_INBOX.>"},
+		{"console", "_INBOX_api.>"},
 		{"replay", ">"},
 		// Live deltas are for the api only.
 		{"relay", "baton.live.>"},

@@ -17,6 +17,7 @@
 -- Optional:
 --   -v status_password=...  makes baton_status, for `baton status`
 --   -v admin_password=...   makes baton_admin, for `baton token`
+--   -v console_password=... makes baton_console, for `baton console`
 --   -v database=NAME        Baton's database, made when missing (baton)
 --
 -- The roles:
@@ -31,6 +32,11 @@
 --   baton_status    `baton status`: reads counts, never content; member of
 --                   pg_read_all_stats, to see the relay's connection
 --   baton_admin     `baton token create|list|revoke`
+--   baton_console   `baton console`, the operator console: reads what it
+--                   shows, writes only through the operator's paths
+--                   (retries, recorded outcomes, dead letters, sessions,
+--                   operator_actions); member of pg_read_all_stats, to see
+--                   the relay's connection, as baton_status
 --   baton_producer  a group role, never a login: your backend's own role,
 --                   made a member (GRANT baton_producer TO shop), may call
 --                   the SQL producer's functions, baton_create_conversation
@@ -81,6 +87,10 @@ SET log_error_verbosity = 'terse';
 \else
 \getenv admin_password BATON_PG_ADMIN_PASSWORD
 \endif
+\if :{?console_password}
+\else
+\getenv console_password BATON_PG_CONSOLE_PASSWORD
+\endif
 
 -- The passwords go to the server as settings of this session (SELECT
 -- statements, which log_statement = 'ddl' or 'mod' never logs), and the
@@ -106,6 +116,9 @@ SELECT set_config('baton.password_status', :'status_password', false) IS NULL AS
 \if :{?admin_password}
 SELECT set_config('baton.password_admin', :'admin_password', false) IS NULL AS unused \gset
 \endif
+\if :{?console_password}
+SELECT set_config('baton.password_console', :'console_password', false) IS NULL AS unused \gset
+\endif
 
 DO $$
 DECLARE
@@ -122,7 +135,8 @@ BEGIN
       ('relay', true, 'REPLICATION'),
       ('group', true, 'NOREPLICATION'),
       ('status', false, 'NOREPLICATION'),
-      ('admin', false, 'NOREPLICATION')) AS v(component, required, replication)
+      ('admin', false, 'NOREPLICATION'),
+      ('console', false, 'NOREPLICATION')) AS v(component, required, replication)
   LOOP
     pw := coalesce(current_setting('baton.password_' || r.component, true), '');
     IF pw = '' THEN
@@ -147,6 +161,9 @@ BEGIN
   END LOOP;
   IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'baton_status') THEN
     GRANT pg_read_all_stats TO baton_status;
+  END IF;
+  IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'baton_console') THEN
+    GRANT pg_read_all_stats TO baton_console;
   END IF;
   -- The producers' group role: no login and no password of its own, and a
   -- member of no other role, so that what its members get from it is the
@@ -191,18 +208,22 @@ DECLARE
 BEGIN
   -- baton_producer's members connect through it.
   FOR role_name IN SELECT rolname FROM pg_roles WHERE rolname IN
-      ('baton_migrator', 'baton_api', 'baton_worker', 'baton_relay', 'baton_group', 'baton_status', 'baton_admin', 'baton_producer')
+      ('baton_migrator', 'baton_api', 'baton_worker', 'baton_relay', 'baton_group', 'baton_status', 'baton_admin', 'baton_console', 'baton_producer')
   LOOP
     EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), role_name);
     EXECUTE format('GRANT USAGE ON SCHEMA public TO %I', role_name);
   END LOOP;
   -- Announcements and heartbeats reach the relay as logical decoding
   -- messages, which any role could write by default: only the roles whose
-  -- code writes them may (AnnounceTx: api, worker, relay; the heartbeat:
-  -- relay). The function's signature differs between PostgreSQL versions.
+  -- code writes them may (AnnounceTx: api, worker, relay, and the console's
+  -- retries; the heartbeat: relay). The function's signature differs
+  -- between PostgreSQL versions.
   FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO baton_api, baton_worker, baton_relay', f);
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'baton_console') THEN
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO baton_console', f);
+    END IF;
   END LOOP;
 END
 $$;

@@ -65,7 +65,7 @@ func TestRolesSQLIsSafeToRunAgainAndNeverPrintsAPassword(t *testing.T) {
 	d.migrate(t)
 	su := d.superuser(t)
 	before := privileges(t, su)
-	for _, role := range []string{"baton_migrator", "baton_api", "baton_worker", "baton_relay", "baton_group", "baton_status", "baton_admin"} {
+	for _, role := range []string{"baton_migrator", "baton_api", "baton_worker", "baton_relay", "baton_group", "baton_status", "baton_admin", "baton_console"} {
 		require.Contains(t, before, role+" login=t super=f", "roles.sql makes %s, a login role and no superuser", role)
 	}
 	require.Contains(t, before, "baton_producer login=f super=f replication=f createdb=f createrole=f bypassrls=f member_of=\n",
@@ -74,6 +74,7 @@ func TestRolesSQLIsSafeToRunAgainAndNeverPrintsAPassword(t *testing.T) {
 		"baton_producer, and nobody else but the owner, may execute baton_send_message")
 	require.Contains(t, before, "baton_relay login=t super=f replication=t createdb=f createrole=f bypassrls=f member_of=\n")
 	require.Contains(t, before, "baton_status login=t super=f replication=f createdb=f createrole=f bypassrls=f member_of={pg_read_all_stats}")
+	require.Contains(t, before, "baton_console login=t super=f replication=f createdb=f createrole=f bypassrls=f member_of={pg_read_all_stats}")
 	require.Contains(t, before, "baton_api login=t super=f replication=f")
 
 	out, err := d.rolesSQL(t, nil, components)
@@ -177,6 +178,25 @@ func TestEachRoleIsRefusedWhatItsComponentDoesNotDo(t *testing.T) {
 		{"status", "update the outbox", `UPDATE agent_outbox SET announced_at = now()`},
 		{"admin", "read messages", `SELECT content FROM messages`},
 		{"admin", "read conversations", `SELECT count(*) FROM conversations`},
+		{"console", "write a message", `INSERT INTO messages (id, conversation_id, role, content) VALUES ('x', 'c', 'user', 'x')`},
+		{"console", "change a message", `UPDATE messages SET content = 'x'`},
+		{"console", "send a message through the producer", `SELECT * FROM baton_send_message_for_owner(1, 'c', 'm', 'x', NULL)`},
+		{"console", "insert an outbox row", `INSERT INTO agent_outbox (conversation_id, message_id) VALUES ('c', 'm')`},
+		{"console", "take a conversation's lease", `UPDATE conversations SET run_id = 'r', lease_expires_at = now()`},
+		{"console", "delete a conversation", `DELETE FROM conversations`},
+		{"console", "record a run", `INSERT INTO agent_runs (id, conversation_id, turn_id, outbox_ids, worker, lease_expires_at) VALUES ('r', 'c', 't', '{}', 'w', now())`},
+		{"console", "change a call's arguments", `UPDATE operations SET arguments = '{}'`},
+		{"console", "journal a step", `INSERT INTO agent_steps (conversation_id, turn_id, epoch, step, run_id, answer) VALUES ('c', 't', 0, 0, 'r', '{}')`},
+		{"console", "decide an approval", `UPDATE approvals SET status = 'approved'`},
+		{"console", "create a token", `INSERT INTO api_tokens (user_id, token_hash) VALUES (1, 'x')`},
+		{"console", "revoke a token", `UPDATE api_tokens SET revoked_at = now()`},
+		{"console", "make a user", `INSERT INTO users (name) VALUES ('x')`},
+		{"console", "change or delete the record of operators' actions", `UPDATE operator_actions SET operator = 'x'`},
+		{"console", "delete the record of operators' actions", `DELETE FROM operator_actions`},
+		{"console", "park a dead letter", `INSERT INTO group_dead_letters (group_name, event_id, stream, stream_seq, subject, payload, attempts, error) VALUES ('g', 'e', 's', 1, 's', '', 1, 'x')`},
+		{"console", "read the audit log", `SELECT count(*) FROM audit_events`},
+		{"console", "change the grant decisions", `UPDATE baton_grants SET privilege = 'SELECT'`},
+		{"console", "create a table", `CREATE TABLE intruder (id int)`},
 		{"migrator", "make a replication slot", `SELECT pg_create_logical_replication_slot('intruder', 'pgoutput')`},
 	} {
 		pool := d.pool(t, tc.component)

@@ -39,8 +39,8 @@ func TestMain(m *testing.M) {
 }
 
 // components are the roles roles.sql makes, by the name of their password
-// variable; the first five are required, the last two optional.
-var components = []string{"migrator", "api", "worker", "relay", "group", "status", "admin"}
+// variable; the first five are required, the last three optional.
+var components = []string{"migrator", "api", "worker", "relay", "group", "status", "admin", "console"}
 
 // maxDatabases bounds the databases the tests make: each gets a name of
 // its own, baton_1 to baton_<max>, which take the place of the database

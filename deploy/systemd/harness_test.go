@@ -12,11 +12,14 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -50,7 +53,7 @@ var natsHosts = []string{"n1.internal:4222", "n2.internal:4222", "n3.internal:42
 
 // roles are the PostgreSQL roles roles.sql makes, all of them given a
 // password, as the deploying guide (docs/guides/deploying.md) does.
-var roles = []string{"migrator", "api", "worker", "relay", "group", "status", "admin"}
+var roles = []string{"migrator", "api", "worker", "relay", "group", "status", "admin", "console"}
 
 // brokenSigns are what a line of a healthy deployment never holds: each
 // means a deploy file withholds something a component needs. Matched
@@ -90,8 +93,10 @@ type deployment struct {
 	secretsMu sync.Mutex
 	secrets   []secretscan.Secret
 	token     string
-	webhookS  string
-	modelKey  string
+	// consoleToken is the operator token of baton token create --admin.
+	consoleToken string
+	webhookS     string
+	modelKey     string
 
 	pg       *pgcluster.Cluster
 	pgLog    string
@@ -351,6 +356,10 @@ func (d *deployment) deploy() error {
 		return err
 	}
 	d.step("baton status, as baton_status, finds nothing to attend to")
+	if err := d.console(); err != nil {
+		return err
+	}
+	d.step("an operator token of baton token create --admin signs in to the console, which shows the turn and the groups")
 	if err := d.heartbeat(); err != nil {
 		return err
 	}
@@ -694,7 +703,7 @@ func (d *deployment) installBaton(nc *clustertest.Cluster) error {
 		return err
 	}
 	creds := "etc/baton/credentials"
-	for _, c := range []string{"migrate", "api", "relay", "worker", "group", "group-audit", "group-webhook"} {
+	for _, c := range []string{"migrate", "api", "relay", "worker", "group", "group-audit", "group-webhook", "console"} {
 		if _, err := d.mkdir(filepath.Join(creds, c), 0o700); err != nil {
 			return err
 		}
@@ -702,12 +711,12 @@ func (d *deployment) installBaton(nc *clustertest.Cluster) error {
 	if err := d.write(filepath.Join(creds, "migrate", "database-url"), []byte(d.pgurl("migrator")), 0o600); err != nil {
 		return err
 	}
-	for _, c := range []string{"api", "relay", "worker", "group"} {
+	for _, c := range []string{"api", "relay", "worker", "group", "console"} {
 		if err := d.write(filepath.Join(creds, c, "database-url"), []byte(d.pgurl(c)), 0o600); err != nil {
 			return err
 		}
 	}
-	for _, c := range []string{"api", "relay", "worker", "group-audit", "group-webhook", "status"} {
+	for _, c := range []string{"api", "relay", "worker", "group-audit", "group-webhook", "status", "console"} {
 		seed, err := os.ReadFile(nc.SeedFile(c))
 		if err != nil {
 			return err
@@ -928,7 +937,7 @@ func (d *deployment) checkGroups() error {
 // connections, the relay's replication connection included, uses TLS.
 func (d *deployment) checkLiveTLS() error {
 	ctx := context.Background()
-	want := []string{"baton_api client backend", "baton_worker client backend", "baton_relay client backend", "baton_relay walsender", "baton_group client backend"}
+	want := []string{"baton_api client backend", "baton_worker client backend", "baton_relay client backend", "baton_relay walsender", "baton_group client backend", "baton_console client backend"}
 	return d.eventually(60*time.Second, func() (bool, string, error) {
 		rows, err := d.su.Query(ctx, `
 			SELECT a.usename || ' ' || a.backend_type, coalesce(s.ssl, false), coalesce(s.version, ''),
@@ -990,7 +999,7 @@ func (d *deployment) checkLoggedTLS() error {
 		}
 		seen[role] = true
 	}
-	for _, r := range []string{"migrator", "api", "worker", "relay", "relay (replication)", "group", "admin", "status"} {
+	for _, r := range []string{"migrator", "api", "worker", "relay", "relay (replication)", "group", "admin", "status", "console"} {
 		if !seen[r] {
 			return fmt.Errorf("PostgreSQL logged no connection of baton_%s (log_connections)", r)
 		}
@@ -1004,6 +1013,63 @@ func (d *deployment) status() error {
 	seed, _ := d.machine.path("/root/baton-nkeys/status.nk")
 	_, err := d.operator("baton status", "status", time.Minute, []string{"BATON_NATS_NKEY_SEED=" + seed}, "status")
 	return err
+}
+
+// console makes an operator token as the deploying guide does (baton
+// token create --admin, as baton_admin), signs in to baton-console with
+// it and reads the overview and the conversation of the message: the
+// console reads them as baton_console, and NATS as the console user.
+func (d *deployment) console() error {
+	tok, err := d.operator("baton token create --user ops --admin", "admin", time.Minute, nil, "token", "create", "--user", "ops", "--admin")
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(strings.TrimSpace(tok.Text("stdout")), "\n")
+	d.consoleToken = lines[len(lines)-1]
+	d.addSecret("console token", d.consoleToken)
+	line, err := d.waitLine(d.services["baton-console.service"], time.Minute, `"serving the operator console"`)
+	if err != nil {
+		return err
+	}
+	var served struct{ Addr string }
+	if err := json.Unmarshal([]byte(line), &served); err != nil || served.Addr == "" {
+		return fmt.Errorf("baton-console.service: the line that says where it serves is not JSON with addr (BATON_LOG_FORMAT=json): %s", line)
+	}
+	base := "http://" + served.Addr
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Timeout: 15 * time.Second}
+	page := func(resp *http.Response, err error) (int, string, error) {
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	code, body, err := page(c.Get(base + "/signin"))
+	if err != nil || code != http.StatusOK {
+		return fmt.Errorf("baton-console.service: GET /signin: %d %v", code, err)
+	}
+	nonce := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(body)
+	if nonce == nil {
+		return fmt.Errorf("baton-console.service: the sign-in page has no form")
+	}
+	code, body, err = page(c.PostForm(base+"/signin", url.Values{"csrf": {nonce[1]}, "token": {d.consoleToken}}))
+	if err != nil || code != http.StatusOK || !strings.Contains(body, "turns running") {
+		return fmt.Errorf("baton-console.service: signing in with the operator token led to %d, not the overview (%v): %s", code, err, d.mask(body))
+	}
+	return d.eventually(30*time.Second, func() (bool, string, error) {
+		code, body, err := page(c.Get(base + "/overview/live"))
+		if err != nil || code != http.StatusOK {
+			return false, "", fmt.Errorf("baton-console.service: GET /overview/live: %d %v", code, err)
+		}
+		_, conversations, err := page(c.Get(base + "/conversations?user=alice"))
+		if err != nil {
+			return false, "", err
+		}
+		ok := strings.Contains(body, ">audit<") && strings.Contains(body, ">turns<") && strings.Contains(conversations, "deploy")
+		return ok, "the console's overview lists the groups audit and turns (from NATS, as the console user), and the conversations of alice the conversation deploy", nil
+	})
 }
 
 // heartbeat waits until the relay recorded its slot's progress twice: its
@@ -1038,7 +1104,8 @@ func (d *deployment) searchSecrets() error {
 		for _, l := range p.Output() {
 			lines++
 			for _, s := range secrets {
-				if s.In(l.Text) == "" || (s.Name == "API token" && l.Stream == "stdout" && l.Text == d.token && strings.HasPrefix(p.Name, "baton token create")) {
+				if s.In(l.Text) == "" || (s.Name == "API token" && l.Stream == "stdout" && l.Text == d.token && strings.HasPrefix(p.Name, "baton token create")) ||
+					(s.Name == "console token" && l.Stream == "stdout" && l.Text == d.consoleToken && strings.HasPrefix(p.Name, "baton token create")) {
 					continue
 				}
 				found = append(found, fmt.Sprintf("%s wrote the %s on %s, line %d:\n    %s", p.Name, s.Name, l.Stream, l.N, d.mask(l.Text)))

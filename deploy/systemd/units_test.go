@@ -18,6 +18,7 @@ import (
 var units = []string{
 	"baton-migrate.service",
 	"baton-api.service",
+	"baton-console.service",
 	"baton-relay.service",
 	"baton-worker.service",
 	"baton-group@audit.service",
@@ -68,6 +69,7 @@ var variables = map[string]rule{
 	"BATON_WEBHOOK_URL":         hosts,
 	"BATON_NATS_TLS_CA":         paths,
 	"BATON_HTTP_ADDR":           anyPort,
+	"BATON_CONSOLE_ADDR":        anyPort,
 }
 
 // added are the variables the test gives a unit that no deploy file sets,

@@ -69,6 +69,7 @@ type root struct {
 	NATSServer natsServerCmd `cmd:"" name:"nats-server" help:"Run an embedded NATS server with JetStream (a local cluster node for tests)."`
 	Version    versionCmd    `cmd:"" help:"Print the version."`
 	MCP        mcpCmd        `cmd:"" name:"mcp" help:"Manage MCP tools: accept a changed tool definition."`
+	Console    consoleCmd    `cmd:"" help:"Serve the operator console: see and fix what Baton is doing, in a browser."`
 }
 
 type exitSentinel struct{ code int }

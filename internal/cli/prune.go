@@ -27,12 +27,13 @@ const DefaultPruneEvery = 10 * time.Minute
 // `baton relay`, which prunes in the background, and `baton prune`, which
 // runs one pass. A flag left out means the library's default.
 type retentionFlags struct {
-	OutboxRetention    time.Duration `name:"outbox-retention" env:"BATON_OUTBOX_RETENTION" setting:"Outbox" help:"How long done and failed outbox rows are kept once finished (messages are never pruned). Defaults to ${outbox_retention}."`
-	RunRetention       time.Duration `name:"run-retention" env:"BATON_RUN_RETENTION" setting:"Runs" help:"How long a run is kept once it ended (a run whose tool calls belong to a message stays with it). Defaults to ${run_retention}."`
-	OperationRetention time.Duration `name:"operation-retention" env:"BATON_OPERATION_RETENTION" setting:"Operations" help:"How long the tool calls of a run that produced no reply are kept once the run ended. Defaults to ${operation_retention}."`
-	InboxMargin        time.Duration `name:"inbox-margin" env:"BATON_INBOX_MARGIN" setting:"InboxMargin" help:"A group inbox row goes once its event is gone from the stream and it was applied this long before the oldest event the stream holds (clock skew, a late republication). Defaults to ${inbox_margin}."`
-	PruneBatch         int           `name:"prune-batch" env:"BATON_PRUNE_BATCH" setting:"Batch" help:"Rows one delete statement removes at most. Defaults to ${prune_batch}."`
-	PrunePassTime      time.Duration `name:"prune-pass-time" env:"BATON_PRUNE_PASS_TIME" setting:"PassTime" help:"Longest pass; a pass that has not caught up by then stops, and the next goes on. Defaults to ${prune_pass_time}."`
+	OutboxRetention         time.Duration `name:"outbox-retention" env:"BATON_OUTBOX_RETENTION" setting:"Outbox" help:"How long done and failed outbox rows are kept once finished (messages are never pruned). Defaults to ${outbox_retention}."`
+	RunRetention            time.Duration `name:"run-retention" env:"BATON_RUN_RETENTION" setting:"Runs" help:"How long a run is kept once it ended (a run whose tool calls belong to a message stays with it). Defaults to ${run_retention}."`
+	OperationRetention      time.Duration `name:"operation-retention" env:"BATON_OPERATION_RETENTION" setting:"Operations" help:"How long the tool calls of a run that produced no reply are kept once the run ended. Defaults to ${operation_retention}."`
+	OperatorActionRetention time.Duration `name:"operator-action-retention" env:"BATON_OPERATOR_ACTION_RETENTION" setting:"OperatorActions" help:"How long the console's record of what operators did and viewed (operator_actions) is kept. Defaults to ${operator_action_retention}."`
+	InboxMargin             time.Duration `name:"inbox-margin" env:"BATON_INBOX_MARGIN" setting:"InboxMargin" help:"A group inbox row goes once its event is gone from the stream and it was applied this long before the oldest event the stream holds (clock skew, a late republication). Defaults to ${inbox_margin}."`
+	PruneBatch              int           `name:"prune-batch" env:"BATON_PRUNE_BATCH" setting:"Batch" help:"Rows one delete statement removes at most. Defaults to ${prune_batch}."`
+	PrunePassTime           time.Duration `name:"prune-pass-time" env:"BATON_PRUNE_PASS_TIME" setting:"PassTime" help:"Longest pass; a pass that has not caught up by then stops, and the next goes on. Defaults to ${prune_pass_time}."`
 }
 
 // retention returns the settings, checked, or a usage error naming the
@@ -40,7 +41,7 @@ type retentionFlags struct {
 func (f retentionFlags) retention() (schema.Retention, error) {
 	r := schema.Retention{
 		Outbox: f.OutboxRetention, Runs: f.RunRetention, Operations: f.OperationRetention,
-		InboxMargin: f.InboxMargin, Batch: f.PruneBatch, PassTime: f.PrunePassTime,
+		InboxMargin: f.InboxMargin, Batch: f.PruneBatch, PassTime: f.PrunePassTime, OperatorActions: f.OperatorActionRetention,
 	}
 	if err := r.WithDefaults().Validate(); err != nil {
 		return r, settingError(f, err)
@@ -120,10 +121,11 @@ func (c *pruneCmd) Run(ctx context.Context, env *Env) error {
 // writePruneResult prints a pass, table by table.
 func writePruneResult(w io.Writer, r schema.Retention, floors []schema.StreamFloor, res schema.PruneResult, dryRun bool) error {
 	rules := map[string]string{
-		schema.TableOperations: fmt.Sprintf("operations attached to no message, of runs ended more than %s ago", r.Operations),
-		schema.TableRuns:       fmt.Sprintf("runs ended more than %s ago, with no operation left", r.Runs),
-		schema.TableOutbox:     fmt.Sprintf("done and failed outbox rows finished more than %s ago", r.Outbox),
-		schema.TableInbox:      "group inbox rows of events the stream no longer holds",
+		schema.TableOperations:      fmt.Sprintf("operations attached to no message, of runs ended more than %s ago", r.Operations),
+		schema.TableRuns:            fmt.Sprintf("runs ended more than %s ago, with no operation left", r.Runs),
+		schema.TableOutbox:          fmt.Sprintf("done and failed outbox rows finished more than %s ago", r.Outbox),
+		schema.TableInbox:           "group inbox rows of events the stream no longer holds",
+		schema.TableOperatorActions: fmt.Sprintf("operators' actions recorded more than %s ago", r.OperatorActions),
 	}
 	if len(floors) == 0 {
 		rules[schema.TableInbox] = "group inbox rows: kept, the outbox stream could not be read"
@@ -139,7 +141,7 @@ func writePruneResult(w io.Writer, r schema.Retention, floors []schema.StreamFlo
 	var b strings.Builder
 	fmt.Fprintln(&b, head)
 	for _, t := range schema.PrunedTables {
-		fmt.Fprintf(&b, "  %-13s %8d  %s\n", t, res.Rows[t], rules[t])
+		fmt.Fprintf(&b, "  %-16s %8d  %s\n", t, res.Rows[t], rules[t])
 	}
 	fmt.Fprintf(&b, "  %-13s %8d  %s\n", "files", res.Files, "files no message references any more")
 	if !dryRun && !res.CaughtUp {

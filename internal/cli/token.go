@@ -16,8 +16,8 @@ import (
 const DefaultTokenExpiry = 30 * 24 * time.Hour
 
 type tokenCmd struct {
-	Create tokenCreateCmd `cmd:"" help:"Create an API token for a user (created when missing). The token is the last line printed."`
-	List   tokenListCmd   `cmd:"" help:"List a user's tokens: id, name, created, expires, revoked, last used (never the token)."`
+	Create tokenCreateCmd `cmd:"" help:"Create an API token for a user (created when missing), or with --admin or --viewer an operator token for the console. The token is the last line printed."`
+	List   tokenListCmd   `cmd:"" help:"List a user's tokens: id, name, created, expires, revoked, last used, kind (a user's, or a console admin's or viewer's); never the token."`
 	Revoke tokenRevokeCmd `cmd:"" help:"Revoke a token by the id that create and list show; it is refused at once."`
 }
 
@@ -25,6 +25,8 @@ type tokenCreateCmd struct {
 	config.Database
 	User      string        `name:"user" required:"" help:"User name the token belongs to."`
 	ExpiresIn time.Duration `name:"expires-in" default:"${token_expiry}" help:"How long the token works, such as 720h; 0 never expires."`
+	Admin     bool          `name:"admin" xor:"operator" help:"An operator token for the console (baton console) that reads and acts: retries, recorded outcomes, dead letters. It signs in to the console only; the API refuses it."`
+	Viewer    bool          `name:"viewer" xor:"operator" help:"An operator token for the console that reads only. It signs in to the console only; the API refuses it."`
 }
 
 func (c *tokenCreateCmd) Run(ctx context.Context, env *Env) error {
@@ -40,7 +42,20 @@ func (c *tokenCreateCmd) Run(ctx context.Context, env *Env) error {
 	if c.ExpiresIn > 0 {
 		expiresAt = time.Now().Add(c.ExpiresIn)
 	}
-	token, user, err := schema.CreateTokenUntil(ctx, pool, c.User, expiresAt)
+	var role schema.OperatorRole
+	switch {
+	case c.Admin:
+		role = schema.RoleAdmin
+	case c.Viewer:
+		role = schema.RoleViewer
+	}
+	var token string
+	var user schema.User
+	if role != "" {
+		token, user, err = schema.CreateOperatorToken(ctx, pool, c.User, role, expiresAt)
+	} else {
+		token, user, err = schema.CreateTokenUntil(ctx, pool, c.User, expiresAt)
+	}
 	if err != nil {
 		return err
 	}
@@ -48,8 +63,12 @@ func (c *tokenCreateCmd) Run(ctx context.Context, env *Env) error {
 	if !user.TokenExpiresAt.IsZero() {
 		expires = "expires " + user.TokenExpiresAt.UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(env.Stdout, "created token %d for user %q (user id %d, %s); it is shown only once:\n%s\n",
-		user.TokenID, user.Name, user.ID, expires, token)
+	kind := "token"
+	if role != "" {
+		kind = "console " + string(role) + " token"
+	}
+	fmt.Fprintf(env.Stdout, "created %s %d for user %q (user id %d, %s); it is shown only once:\n%s\n",
+		kind, user.TokenID, user.Name, user.ID, expires, token)
 	return nil
 }
 
@@ -73,15 +92,20 @@ func (c *tokenListCmd) Run(ctx context.Context, env *Env) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCREATED\tEXPIRES\tREVOKED\tLAST USED")
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCREATED\tEXPIRES\tREVOKED\tLAST USED\tKIND")
 	for _, t := range tokens {
 		name := "-"
 		if t.PublicID != "" {
 			// What the token text starts with, so its holder can find it.
 			name = "baton_" + t.PublicID + "_..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, name, t.State(now),
-			timestamp(&t.CreatedAt, "-"), timestamp(t.ExpiresAt, "never"), timestamp(t.RevokedAt, "-"), timestamp(t.LastUsedAt, "never"))
+		// A user's token, or an operator's of the console.
+		kind := "user"
+		if t.OperatorRole != "" {
+			kind = "console-" + string(t.OperatorRole)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, name, t.State(now),
+			timestamp(&t.CreatedAt, "-"), timestamp(t.ExpiresAt, "never"), timestamp(t.RevokedAt, "-"), timestamp(t.LastUsedAt, "never"), kind)
 	}
 	return tw.Flush()
 }

@@ -72,7 +72,7 @@ type Cluster struct {
 func (c *Cluster) CAFile() string { return filepath.Join(c.Certs, "ca.pem") }
 
 // SeedFile is the nkey seed file of user (relay, worker, api,
-// group-audit, group-webhook, replay, status, sys), for a component's
+// group-audit, group-webhook, replay, status, console, sys), for a component's
 // BATON_NATS_NKEY_SEED.
 func (c *Cluster) SeedFile(user string) string {
 	return filepath.Join(c.Keys, natsdeploy.SeedFile(user))
