@@ -75,8 +75,8 @@ type Options struct {
 	Prefix string
 }
 
-func (o Options) stream() string          { return o.Prefix + "_outbox" }
-func (o Options) outboxSubject() string   { return o.Prefix + ".outbox" }
+func (o Options) stream() string        { return o.Prefix + "_outbox" }
+func (o Options) outboxSubject() string { return o.Prefix + ".outbox" }
 func (o Options) conversationSubject(conversation string) string {
 	return o.Prefix + ".conv." + conversation
 }
