@@ -67,10 +67,10 @@ func floorOnce(b *testing.B) {
 	targets := []*target{baton, {name: "floor", client: chain.Client, prepare: noPrepare}}
 
 	// Warm up: connections, prepared statements, the consumers.
-	c.lone(b, targets, 20, loneShape)
+	c.lone(b, "warm", targets, 20, loneShape)
 	stopProfiles := profile(b, s, chain)
 	b.ResetTimer()
-	lone := c.lone(b, targets, loneRounds, loneShape)
+	lone := c.lone(b, "lone", targets, loneRounds, loneShape)
 	many := c.many(b, targets, manyWaves, manyChats, manySpread, manyShape)
 	b.StopTimer()
 	stopProfiles()

@@ -146,7 +146,13 @@ func (c *chats) chat(ctx context.Context, t *target, hc *http.Client, conversati
 		return fmt.Errorf("%s: no replied event for %s within 2 minutes", t.name, key)
 	}
 	called, ok1 := c.arrived.get(key)
+	// The model server notes the answer's end once it flushed it: the
+	// replied event may be read before the note is taken.
 	done, ok2 := c.answered.get(key)
+	for deadline := time.Now().Add(5 * time.Second); !ok2 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		done, ok2 = c.answered.get(key)
+	}
 	if !ok1 || !ok2 {
 		return fmt.Errorf("%s: %s replied without a whole model call", t.name, key)
 	}
@@ -166,9 +172,9 @@ func (c *chats) chat(ctx context.Context, t *target, hc *http.Client, conversati
 	return nil
 }
 
-// lone runs rounds chats one at a time, alternating between the targets
+// lone runs rounds chats one at a time, in conversations named label-N, alternating between the targets
 // (each round starts with the other one), and returns each target's paths.
-func (c *chats) lone(tb testing.TB, targets []*target, rounds int, s shape) map[string]*paths {
+func (c *chats) lone(tb testing.TB, label string, targets []*target, rounds int, s shape) map[string]*paths {
 	tb.Helper()
 	ctx := context.Background()
 	out := map[string]*paths{}
@@ -176,7 +182,7 @@ func (c *chats) lone(tb testing.TB, targets []*target, rounds int, s shape) map[
 		out[t.name] = &paths{}
 		var convs []string
 		for i := range rounds {
-			convs = append(convs, fmt.Sprintf("lone-%d", i))
+			convs = append(convs, fmt.Sprintf("%s-%d", label, i))
 		}
 		t.prepare(tb, convs)
 	}
@@ -185,8 +191,8 @@ func (c *chats) lone(tb testing.TB, targets []*target, rounds int, s shape) map[
 	for i := range rounds {
 		for k := range targets {
 			t := targets[(i+k)%len(targets)]
-			conv := fmt.Sprintf("lone-%d", i)
-			if err := c.chat(ctx, t, hc, conv, fmt.Sprintf("%s-lone-%d", t.name, i), s, out[t.name]); err != nil {
+			conv := fmt.Sprintf("%s-%d", label, i)
+			if err := c.chat(ctx, t, hc, conv, t.name+"-"+conv, s, out[t.name]); err != nil {
 				tb.Fatal(err)
 			}
 		}

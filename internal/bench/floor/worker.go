@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 
@@ -73,41 +74,58 @@ type chatMessage struct {
 // turn runs one trigger's turn: claim, model, finalize, ack. A failure
 // leaves the trigger unacknowledged; the chain retries nothing.
 func (w *worker) turn(ctx context.Context, m jetstream.Msg) {
+	if err := w.run(ctx, m); err != nil && ctx.Err() == nil {
+		fmt.Fprintf(os.Stderr, "floor worker: %s: %v\n", m.Data(), err)
+	}
+}
+
+func (w *worker) run(ctx context.Context, m jetstream.Msg) error {
 	idText, conv, _ := strings.Cut(string(m.Data()), " ")
 	id, err := idOf(idText)
 	if err != nil {
 		_ = m.Term()
-		return
+		return err
 	}
 	// One claim statement: the row claimed, the conversation's history read.
 	rows, err := w.pool.Query(ctx, `WITH c AS (
 		UPDATE floor_outbox SET status = 'claimed' WHERE id = $1 AND status = 'pending' RETURNING conversation)
 	SELECT role, content FROM floor_messages WHERE conversation = (SELECT conversation FROM c) ORDER BY seq`, id)
 	if err != nil {
-		return
+		return err
 	}
 	history, err := pgx.CollectRows(rows, pgx.RowToStructByPos[chatMessage])
 	if err != nil {
-		return
+		return err
 	}
-	if len(history) == 0 { // claimed before
-		_ = m.Ack()
-		return
+	if len(history) == 0 {
+		// A commit is streamed once its WAL is flushed, a moment before
+		// other sessions see it: a row not there yet is claimed on the
+		// redelivery; a row claimed before is not.
+		var status string
+		err := w.pool.QueryRow(ctx, `SELECT status FROM floor_outbox WHERE id = $1`, id).Scan(&status)
+		if err == nil && status != "pending" {
+			_ = m.Ack()
+		} else {
+			_ = m.Nak()
+		}
+		return nil
 	}
 	reply, err := w.model(ctx, conv, history)
 	if err != nil {
-		return
+		return err
 	}
 	replyID := fmt.Sprintf("reply-%d", id)
 	// One transaction: the reply, and the row done.
 	if _, err := w.pool.Exec(ctx, `WITH r AS (
 		INSERT INTO floor_messages (conversation, id, role, content) VALUES ($1, $2, 'assistant', $3))
 	UPDATE floor_outbox SET status = 'done' WHERE id = $4`, conv, replyID, reply, id); err != nil {
-		return
+		return err
 	}
 	ev, _ := json.Marshal(map[string]string{"type": "replied", "message_id": replyID})
-	_ = w.nc.Publish(w.o.conversationSubject(conv)+".events", ev)
-	_ = m.Ack()
+	if err := w.nc.Publish(w.o.conversationSubject(conv)+".events", ev); err != nil {
+		return err
+	}
+	return m.Ack()
 }
 
 // model streams a chat completion, publishing each token on NATS core as
