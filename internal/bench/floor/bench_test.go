@@ -21,7 +21,7 @@ const (
 )
 
 var (
-	loneShape = shape{tokens: 10, every: 5 * time.Millisecond}
+	loneShape = shape{tokens: 10, every: 15 * time.Millisecond}
 	manyShape = shape{tokens: 10, every: 100 * time.Millisecond}
 )
 
