@@ -40,7 +40,14 @@ func noPrepare(testing.TB, []string) {}
 //     live delta that carries it;
 //
 // with one chat at a time (150 chats, alternating between Baton and the
-// floor) and with 1,000 chats at once (two waves each, alternating).
+// floor; each answer streams 10 tokens over 150 ms, longer than Baton's
+// default quiet window of 100 ms after a message, which holds back a
+// reply that comes sooner and which the floor does not have) and with
+// 1,000 chats at once (two waves each, alternating; 10 tokens over a
+// second). Each chat opens its conversation's events stream before it
+// posts. Then the processor time each system's processes (and its
+// database's server processes) spent per chat: NATS runs in the
+// benchmark's process, and is left out.
 //
 //	go test -run '^$' -bench BenchmarkFloor -benchtime 1x ./internal/bench/floor/
 func BenchmarkFloor(b *testing.B) {
@@ -58,7 +65,8 @@ func floorOnce(b *testing.B) {
 		APIArgs: []string{"--messages-per-minute", "1000000", "--message-burst", "100000", "--max-conversations=-1",
 			"--max-streams", "20000", "--max-streams-per-user", "20000"},
 		WorkerArgs: []string{"--agent", "openai", "--model-base-url", c.model.BaseURL(), "--model", "bench", "--concurrency", "1200"}})
-	chain := floor.Start(b, floor.ChainOptions{DatabaseURL: pg.Database(b).URL, NATSURL: ns.URL, ModelURL: c.model.BaseURL()})
+	floorDB := pg.Database(b)
+	chain := floor.Start(b, floor.ChainOptions{DatabaseURL: floorDB.URL, NATSURL: ns.URL, ModelURL: c.model.BaseURL()})
 	baton := &target{name: "baton", client: s.Client, prepare: func(tb testing.TB, convs []string) {
 		for _, id := range convs {
 			s.CreateConversation(tb, id)
@@ -67,11 +75,17 @@ func floorOnce(b *testing.B) {
 	targets := []*target{baton, {name: "floor", client: chain.Client, prepare: noPrepare}}
 
 	// Warm up: connections, prepared statements, the consumers.
+	prepare(b, targets, "warm", 20, 0, 0)
 	c.lone(b, "warm", targets, 20, loneShape)
+	prepare(b, targets, "lone", loneRounds, manyWaves, manyChats)
 	stopProfiles := profile(b, s, chain)
 	b.ResetTimer()
+	batonCPU := newCPUMeter(b, s.DB, s.API, s.Relay, s.Worker)
+	floorCPU := newCPUMeter(b, floorDB, chain.API, chain.Relay, chain.Worker)
 	lone := c.lone(b, "lone", targets, loneRounds, loneShape)
+	batonLone, floorLone := batonCPU.lap(b), floorCPU.lap(b)
 	many := c.many(b, targets, manyWaves, manyChats, manySpread, manyShape)
+	batonMany, floorMany := batonCPU.lap(b), floorCPU.lap(b)
 	b.StopTimer()
 	stopProfiles()
 
@@ -99,6 +113,57 @@ func floorOnce(b *testing.B) {
 		figure(fmt.Sprintf("F%dc", n), p.name, manyChats, 50, p.get(many["baton"]), p.get(many["floor"]))
 		figure(fmt.Sprintf("F%dd", n), p.name, manyChats, 99, p.get(many["baton"]), p.get(many["floor"]))
 	}
+	// What each process spends on a chat, opening its events stream
+	// included.
+	cpuFigure := func(id string, chats int, turns int, baton, floor cpuLap) {
+		per := func(l cpuLap) string {
+			t := float64(turns)
+			return fmt.Sprintf("%.2f / %.2f / %.2f / %.2f ms", ms(l.api)/t, ms(l.relay)/t, ms(l.worker)/t, ms(l.postgres)/t)
+		}
+		bench.Record(b, bench.Figure{ID: id, Name: fmt.Sprintf("processor time per chat, api / relay / worker / PostgreSQL backends, %s", chatsText(chats)),
+			Value: per(baton), Reference: per(floor) + " floor chain", Ratio: ms(baton.total()) / ms(floor.total())})
+	}
+	cpuFigure("F4a", 1, loneRounds, batonLone, floorLone)
+	cpuFigure("F4b", manyChats, manyWaves*manyChats, batonMany, floorMany)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// cpuMeter reads the processor time of one system's processes and of
+// its database's server processes, lap by lap.
+type cpuMeter struct {
+	db    *bench.DB
+	procs [3]*bench.Process // api, relay, worker
+	last  cpuLap
+	lastB map[int]time.Duration
+}
+
+// cpuLap is processor time used, by process.
+type cpuLap struct{ api, relay, worker, postgres time.Duration }
+
+func (l cpuLap) total() time.Duration { return l.api + l.relay + l.worker + l.postgres }
+
+func newCPUMeter(tb testing.TB, db *bench.DB, api, relay, worker *bench.Process) *cpuMeter {
+	m := &cpuMeter{db: db, procs: [3]*bench.Process{api, relay, worker}}
+	m.lap(tb)
+	return m
+}
+
+// lap returns the processor time used since the last lap.
+func (m *cpuMeter) lap(tb testing.TB) cpuLap {
+	var now [3]time.Duration
+	for i, p := range m.procs {
+		d, err := p.CPU()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		now[i] = d
+	}
+	backends := m.db.BackendCPU(tb)
+	l := cpuLap{api: now[0] - m.last.api, relay: now[1] - m.last.relay, worker: now[2] - m.last.worker,
+		postgres: bench.CPUSince(backends, m.lastB)}
+	m.last, m.lastB = cpuLap{api: now[0], relay: now[1], worker: now[2]}, backends
+	return l
 }
 
 func chatsText(n int) string {

@@ -25,6 +25,7 @@ func TestFloorChainTakesAMessageToTheModelAndTheReplyAndItsTokensToTheClient(t *
 	chain := floor.Start(t, floor.ChainOptions{DatabaseURL: testenv.Database(t).URL, NATSURL: testenv.StartNATS(t).URL, ModelURL: c.model.BaseURL()})
 	f := &target{name: "floor", client: chain.Client, prepare: noPrepare}
 	s := shape{tokens: 3, every: time.Millisecond}
+	prepare(t, []*target{f}, "lone", 2, 1, 5)
 	one := c.lone(t, "lone", []*target{f}, 2, s)["floor"]
 	many := c.many(t, []*target{f}, 1, 5, 10*time.Millisecond, s)["floor"]
 	for name, p := range map[string]*paths{"one chat at a time": one, "five at once": many} {

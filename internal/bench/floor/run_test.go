@@ -18,8 +18,8 @@ import (
 type target struct {
 	name   string
 	client bench.Client
-	// before runs once before the target's chats, for Baton to create
-	// their conversations.
+	// prepare readies conversations before the chats, for Baton to
+	// create them.
 	prepare func(tb testing.TB, conversations []string)
 }
 
@@ -172,6 +172,23 @@ func (c *chats) chat(ctx context.Context, t *target, hc *http.Client, conversati
 	return nil
 }
 
+// prepare has each target ready the conversations that lone (with label
+// and rounds) and many (with waves and n) use.
+func prepare(tb testing.TB, targets []*target, label string, rounds, waves, n int) {
+	var convs []string
+	for i := range rounds {
+		convs = append(convs, fmt.Sprintf("%s-%d", label, i))
+	}
+	for w := range waves {
+		for i := range n {
+			convs = append(convs, fmt.Sprintf("many-%d-%d", w, i))
+		}
+	}
+	for _, t := range targets {
+		t.prepare(tb, convs)
+	}
+}
+
 // lone runs rounds chats one at a time, in conversations named label-N, alternating between the targets
 // (each round starts with the other one), and returns each target's paths.
 func (c *chats) lone(tb testing.TB, label string, targets []*target, rounds int, s shape) map[string]*paths {
@@ -180,11 +197,6 @@ func (c *chats) lone(tb testing.TB, label string, targets []*target, rounds int,
 	out := map[string]*paths{}
 	for _, t := range targets {
 		out[t.name] = &paths{}
-		var convs []string
-		for i := range rounds {
-			convs = append(convs, fmt.Sprintf("%s-%d", label, i))
-		}
-		t.prepare(tb, convs)
 	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	defer hc.CloseIdleConnections()
@@ -208,13 +220,6 @@ func (c *chats) many(tb testing.TB, targets []*target, waves, n int, spread time
 	out := map[string]*paths{}
 	for _, t := range targets {
 		out[t.name] = &paths{}
-		var convs []string
-		for w := range waves {
-			for i := range n {
-				convs = append(convs, fmt.Sprintf("many-%d-%d", w, i))
-			}
-		}
-		t.prepare(tb, convs)
 	}
 	for w := range waves {
 		for k := range targets {
