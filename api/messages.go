@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 
-
 	"github.com/batonhq/baton/internal/telemetry"
 	batonnats "github.com/batonhq/baton/nats"
 	"github.com/batonhq/baton/schema"
