@@ -184,7 +184,7 @@ func WriteMarkdown(w io.Writer, figs []Figure, prev map[string]Figure) error {
 			fmt.Fprintf(&b, ": `%s`", cmd)
 		}
 		if fs[0].Run != "" {
-			fmt.Fprintf(&b, " (run of %s)", fs[0].Run)
+			fmt.Fprintf(&b, " (measured %s)", fs[0].Run)
 		}
 		b.WriteString("\n\n")
 		b.WriteString("| " + strings.Join(tableHeader, " | ") + " |\n")

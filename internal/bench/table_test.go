@@ -36,7 +36,7 @@ func TestTheTablesReplaceOnlyWhatLiesBetweenTheMarkers(t *testing.T) {
 	figs := []Figure{{ID: "1a", Name: "a | b", Value: "1.00 ms", Bench: "BenchmarkX", Package: "./x/", Run: "2026-02-01"}}
 	var b strings.Builder
 	require.NoError(t, WriteMarkdown(&b, figs, nil))
-	require.Contains(t, b.String(), "**BenchmarkX**: `go test -run '^$' -bench '^BenchmarkX$' -benchtime 1x ./x/` (run of 2026-02-01)")
+	require.Contains(t, b.String(), "**BenchmarkX**: `go test -run '^$' -bench '^BenchmarkX$' -benchtime 1x ./x/` (measured 2026-02-01)")
 	require.Contains(t, b.String(), `| 1a | a \| b | 1.00 ms |`)
 
 	page := "prose before\n" + BeginMarker + "\nold table\n" + EndMarker + "\nprose after\n"
