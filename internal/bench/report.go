@@ -48,6 +48,8 @@ type Figure struct {
 	// Run is the date of the run that measured the figure, in a report
 	// kept across runs (see Merge).
 	Run string `json:"run,omitempty"`
+	// kept is set by Merge on a figure of an earlier run.
+	kept bool
 }
 
 // Command is how to measure the figure again on its own.

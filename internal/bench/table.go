@@ -55,6 +55,7 @@ func Merge(prev, cur []Figure, run string) []Figure {
 	}
 	for _, f := range prev {
 		if !ran[f.Bench] {
+			f.kept = true
 			out = append(out, f)
 		}
 	}
@@ -85,7 +86,7 @@ func Change(f Figure, prev map[string]Figure) string {
 		}
 		return "new"
 	}
-	if f.Run != "" && f.Run == p.Run {
+	if f.kept {
 		return "not run this time"
 	}
 	var parts []string

@@ -70,7 +70,7 @@ func run(path, previous, doc string, markdown, save bool) error {
 		}
 	}
 	before := bench.ByKey(prev)
-	all := bench.Merge(prev, cur, time.Now().UTC().Format("2006-01-02"))
+	all := bench.Merge(prev, cur, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	if markdown {
 		err = bench.WriteMarkdown(os.Stdout, all, before)
 	} else {
