@@ -122,24 +122,34 @@ dev: deps build
 # The benchmarks: real baton processes (this tree's binary, and for the
 # turn rate the binary of the commit before the one-statement claim, built
 # from a git worktree), a durable PostgreSQL and NATS. Each figure is
-# measured against its reference in the same run; the table at the end
-# shows value, reference, ratio, aim. One package at a time, so that
-# nothing else runs beside a measurement. BENCH_ARGS="-bench Turns" picks
-# benchmarks; BATON_BENCH_PERF=<dir> records perf profiles of the
-# processes that limit a figure. The console's pages are timed in process
-# over 1,000,000 conversations and 10,000,000 messages seeded inside
-# PostgreSQL (some minutes; BATON_CONSOLE_BENCH_CONVERSATIONS=N a smaller
-# size).
+# measured against its reference in the same run (BenchmarkFloor's is the
+# floor chain, the same hops without Baton's logic); the table at the end
+# shows value, reference, ratio, aim, and the change since the report kept
+# in docs/internals/measured.jsonl. The run writes its tables into
+# docs/internals/measured.md (between its markers) and its figures into
+# measured.jsonl, for the next run to compare with: commit both. One
+# package at a time, so that nothing else runs beside a measurement.
+# BENCH_ARGS="-bench Turns" picks benchmarks (the others keep their
+# figures of the earlier run); BATON_BENCH_PERF=<dir> records perf
+# profiles of the processes that limit a figure.
+# The console's pages are timed in process over 1,000,000 conversations
+# and 10,000,000 messages seeded inside PostgreSQL (some minutes;
+# BATON_CONSOLE_BENCH_CONVERSATIONS=N a smaller size).
 BENCH_REPORT ?= bin/bench-report.jsonl
+BENCH_KEPT   := docs/internals/measured.jsonl
+BENCH_DOC    := docs/internals/measured.md
+BENCH_PKGS   := ./consumer/ ./api/ ./agent/ ./relay/ ./schema/ ./console/ ./internal/bench/floor/ ./internal/e2e/
 # The names are anchored: ./agent/ also holds BenchmarkTurnsOfAGrowingConversation,
-# an in-process benchmark that `make bench` leaves out.
-BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep|BenchmarkAttachments|BenchmarkConsole)$$'
+# an in-process benchmark that `make bench` leaves out, and ./consumer/
+# BenchmarkKillToNextTurn, which waits out a 30 s lease at each of its
+# kills (15 minutes).
+BENCH_ARGS   ?= -bench '^(BenchmarkDebounce|BenchmarkTurns|BenchmarkEventStreams|BenchmarkChat|BenchmarkRelayDrain|BenchmarkRelayLatency|BenchmarkProducer|BenchmarkAgentStep|BenchmarkAttachments|BenchmarkConsole|BenchmarkMCPCallOverhead|BenchmarkFloor|BenchmarkStopUnderLoad)$$'
 bench: deps build
 	@mkdir -p $(dir $(BENCH_REPORT)) && rm -f $(BENCH_REPORT)
 	@status=0; \
 	BATON_TEST_BINARY=$(abspath $(BIN)) BATON_BENCH_REPORT=$(abspath $(BENCH_REPORT)) \
-		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 40m ./consumer/ ./api/ ./agent/ ./relay/ ./schema/ ./console/ || status=$$?; \
-	echo; $(GO) run ./internal/bench/cmd/benchtable $(BENCH_REPORT) || status=1; \
+		$(GO) test -p 1 -count=1 -run '^$$' $(BENCH_ARGS) -benchtime 1x -timeout 60m $(BENCH_PKGS) || status=$$?; \
+	echo; $(GO) run ./internal/bench/cmd/benchtable -previous $(BENCH_KEPT) -save -doc $(BENCH_DOC) $(BENCH_REPORT) || status=1; \
 	exit $$status
 
 # The kill test at full size: real processes, random faults from a printed

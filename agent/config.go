@@ -117,8 +117,9 @@ type Config struct {
 	// events then carry each step's text at once. Defaults to false
 	// (streaming).
 	DisableStreaming bool
-	// HTTPClient makes the requests. Defaults to a client with the
-	// default transport.
+	// HTTPClient makes the requests. Defaults to a client of its own whose
+	// transport is the default one, keeping up to
+	// DefaultMaxIdleConnsPerHost idle connections to the model server.
 	HTTPClient *http.Client
 	// Logger receives the agent's logs, which add the model, the
 	// conversation, the run and the turn to its fields. It should name the
@@ -169,7 +170,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxToolResultBytes = DefaultMaxToolResultBytes
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Transport: http.DefaultTransport}
+		c.HTTPClient = &http.Client{Transport: modelTransport()}
 	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()
@@ -223,4 +224,25 @@ func (c Config) CheckTools(tools []consumer.ToolSpec) error {
 		return setting.Errorf("ContextTokens", c.ContextTokens, "too small: the system prompt and the tool declarations take about %d tokens, and a conversation needs %d more: give at least %d", fixed, minConversationTokens, fixed+minConversationTokens)
 	}
 	return nil
+}
+
+// DefaultMaxIdleConnsPerHost is how many idle connections to the model
+// server the default HTTPClient keeps. The default transport keeps two:
+// with more turns calling the model at once, every call past the second
+// opened a connection of its own (a TLS handshake, with a provider) and
+// closed it after. Idle ones close after 90 seconds, as the default
+// transport's do.
+const DefaultMaxIdleConnsPerHost = 1024
+
+// modelTransport is the default transport with room for
+// DefaultMaxIdleConnsPerHost idle connections.
+func modelTransport() http.RoundTripper {
+	d, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport
+	}
+	t := d.Clone()
+	t.MaxIdleConns = max(t.MaxIdleConns, DefaultMaxIdleConnsPerHost)
+	t.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	return t
 }

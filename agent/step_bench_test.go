@@ -163,7 +163,7 @@ func agentStepOnce(b *testing.B) {
 	// between them.
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
 	b.Cleanup(client.CloseIdleConnections)
-	s.Client = client
+	s.HTTP = client
 
 	// Beside the API: the processing events, the live deltas, the stop
 	// notices.

@@ -155,15 +155,11 @@ func (s *Server) chatKey(ctx context.Context, owner int64, chatID, content strin
 // row. A message stored before (the same POST again) is not stored twice:
 // existed is set, and its turn is followed.
 func (s *Server) submit(ctx context.Context, owner int64, chatID, messageID, content string, files []schema.FileIn) (row int64, existed bool, err error) {
-	var res schema.InsertResult
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var err error
-		res, err = schema.InsertMessageTx(ctx, tx, schema.UserMessage{
-			OwnerID: owner, ConversationID: chatID, MessageID: messageID, Content: content,
-			TraceParent: telemetry.TraceParent(ctx),
-			Files:       files, FileLimits: s.cfg.fileLimits(),
-		})
-		return err
+	// One statement in a transaction of its own (see postMessage).
+	res, err := schema.InsertMessageTx(ctx, s.pool, schema.UserMessage{
+		OwnerID: owner, ConversationID: chatID, MessageID: messageID, Content: content,
+		TraceParent: telemetry.TraceParent(ctx),
+		Files:       files, FileLimits: s.cfg.fileLimits(),
 	})
 	if err != nil {
 		return 0, false, err

@@ -118,7 +118,8 @@ type InsertResult struct {
 // this transaction's commit is visible to it (see ClaimTx).
 //
 // The caller commits: the message and its outbox row become visible
-// together, or not at all.
+// together, or not at all. Given a pool, the call is a transaction of its
+// own, one round trip (the API's path).
 func InsertMessageTx(ctx context.Context, tx Executor, m UserMessage) (InsertResult, error) {
 	if m.Content != "" || len(m.Files) == 0 {
 		if err := ValidateText("content", m.Content); err != nil {

@@ -30,7 +30,7 @@ type Event struct {
 // returns once the API has said it is live ("ready"): nothing committed
 // after that is missed. A goroutine hands on to each event that follows,
 // until ctx ends or the stream does; wait waits for it.
-func (s *Stack) Follow(ctx context.Context, client *http.Client, conversation string, on func(Event)) (wait func(), err error) {
+func (s *Client) Follow(ctx context.Context, client *http.Client, conversation string, on func(Event)) (wait func(), err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.APIURL+"/v1/conversations/"+url.PathEscape(conversation)+"/events", nil)
 	if err != nil {
 		return nil, err

@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +41,27 @@ type Figure struct {
 	// Met says whether the aim was reached: "yes", "no", or empty without
 	// an aim.
 	Met string `json:"met,omitempty"`
+	// Bench and Package name the benchmark that measured the figure and
+	// its package, such as "./relay/": Record fills them in.
+	Bench   string `json:"bench,omitempty"`
+	Package string `json:"package,omitempty"`
+	// Run is the date of the run that measured the figure, in a report
+	// kept across runs (see Merge).
+	Run string `json:"run,omitempty"`
+	// kept is set by Merge on a figure of an earlier run.
+	kept bool
 }
+
+// Command is how to measure the figure again on its own.
+func (f Figure) Command() string {
+	if f.Bench == "" || f.Package == "" {
+		return ""
+	}
+	return fmt.Sprintf("go test -run '^$' -bench '^%s$' -benchtime 1x %s", f.Bench, f.Package)
+}
+
+// key identifies a figure across runs: IDs are the benchmarks' own.
+func (f Figure) key() string { return f.Bench + " " + f.ID }
 
 // Verdict is "yes" when ok, else "no": a Figure's Met.
 func Verdict(ok bool) string {
@@ -56,6 +76,12 @@ var reportMu sync.Mutex
 // Record logs f and appends it to the report named by ReportEnv, if any.
 func Record(tb testing.TB, f Figure) {
 	tb.Helper()
+	if f.Bench == "" {
+		f.Bench, _, _ = strings.Cut(tb.Name(), "/")
+	}
+	if f.Package == "" {
+		f.Package = packageDir()
+	}
 	tb.Logf("figure %s: %s: %s (reference %s, ratio %s, aim %s, met %s)", f.ID, f.Name, f.Value,
 		orDash(f.Reference), ratioText(f.Ratio), orDash(f.Aim), orDash(f.Met))
 	path := os.Getenv(ReportEnv)
@@ -93,68 +119,23 @@ func ReadReport(r io.Reader) ([]Figure, error) {
 		}
 		figs = append(figs, f)
 	}
-	sort.SliceStable(figs, func(i, j int) bool { return figs[i].ID < figs[j].ID })
+	SortFigures(figs)
 	return figs, sc.Err()
 }
 
-var tableHeader = []string{"#", "figure", "value", "reference", "ratio", "aim", "met"}
-
-func (f Figure) cells() []string {
-	return []string{f.ID, f.Name, f.Value, orDash(f.Reference), ratioText(f.Ratio), orDash(f.Aim), orDash(f.Met)}
-}
-
-// WriteTable prints figs as a table with aligned columns.
-func WriteTable(w io.Writer, figs []Figure) error {
-	rows := [][]string{tableHeader}
-	for _, f := range figs {
-		rows = append(rows, f.cells())
+// packageDir is the package of the running benchmark relative to the
+// repository, such as "./relay/": `go test` runs a package's tests in its
+// folder.
+func packageDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return ""
 	}
-	widths := make([]int, len(tableHeader))
-	for _, r := range rows {
-		for i, c := range r {
-			widths[i] = max(widths[i], len([]rune(c)))
-		}
+	rel, err := filepath.Rel(repoRoot(), wd)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return ""
 	}
-	var b strings.Builder
-	for n, r := range rows {
-		for i, c := range r {
-			if i > 0 {
-				b.WriteString("  ")
-			}
-			b.WriteString(c)
-			if i < len(r)-1 {
-				b.WriteString(strings.Repeat(" ", widths[i]-len([]rune(c))))
-			}
-		}
-		b.WriteString("\n")
-		if n == 0 {
-			for i := range widths {
-				if i > 0 {
-					b.WriteString("  ")
-				}
-				b.WriteString(strings.Repeat("-", widths[i]))
-			}
-			b.WriteString("\n")
-		}
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-// WriteMarkdown prints figs as a Markdown table, as docs/internals/measured.md shows them.
-func WriteMarkdown(w io.Writer, figs []Figure) error {
-	var b strings.Builder
-	b.WriteString("| " + strings.Join(tableHeader, " | ") + " |\n")
-	b.WriteString(strings.Repeat("| --- ", len(tableHeader)) + "|\n")
-	for _, f := range figs {
-		cells := f.cells()
-		for i, c := range cells {
-			cells[i] = strings.ReplaceAll(c, "|", `\|`)
-		}
-		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	return "./" + filepath.ToSlash(rel) + "/"
 }
 
 func orDash(s string) string {

@@ -29,17 +29,25 @@ type StackOptions struct {
 	NoWorker bool
 }
 
+// Client is a user of an API that serves Baton's routes for messages and
+// events: a Stack's API, or the floor chain's.
+type Client struct {
+	// APIURL is the API's root, such as http://127.0.0.1:1234.
+	APIURL string
+	// Token is the user's bearer token.
+	Token string
+	// HTTP sends the requests.
+	HTTP *http.Client
+}
+
 // Stack is a migrated database with a relay, an API and a worker running
 // as baton processes, and a user with a token.
 type Stack struct {
+	Client
 	DB                 *DB
 	Relay, API, Worker *Process
-	// APIURL is the API's root, such as http://127.0.0.1:1234.
-	APIURL string
-	Token  string
-	UserID int64
-	Client *http.Client
-	opts   StackOptions
+	UserID             int64
+	opts               StackOptions
 }
 
 // StartStack migrates a new database of pg with the binary and starts the
@@ -56,9 +64,9 @@ func StartStack(tb testing.TB, pg *Postgres, opts StackOptions) *Stack {
 		tb.Fatalf("bench: token create: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	s := &Stack{DB: db, Token: strings.TrimSpace(lines[len(lines)-1]), UserID: db.Count(tb, `SELECT id FROM users WHERE name = 'bench'`), opts: opts,
-		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	tb.Cleanup(s.Client.CloseIdleConnections)
+	s := &Stack{DB: db, UserID: db.Count(tb, `SELECT id FROM users WHERE name = 'bench'`), opts: opts,
+		Client: Client{Token: strings.TrimSpace(lines[len(lines)-1]), HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}}
+	tb.Cleanup(s.HTTP.CloseIdleConnections)
 	s.Relay = Start(tb, "relay", opts.Binary, append([]string{"relay",
 		"--database-url", db.URL, "--nats-url", opts.NATSURL,
 		// Slot names are global to the server; databases are not.
@@ -104,7 +112,7 @@ func (s *Stack) Stop() {
 
 // Do sends an API request with the stack's token and returns the status
 // and body.
-func (s *Stack) Do(ctx context.Context, method, path string, body any) (int, []byte, error) {
+func (s *Client) Do(ctx context.Context, method, path string, body any) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -119,7 +127,7 @@ func (s *Stack) Do(ctx context.Context, method, path string, body any) (int, []b
 	}
 	req.Header.Set("Authorization", "Bearer "+s.Token)
 	req.Header.Set("Content-Type", "application/json")
-	res, err := s.Client.Do(req)
+	res, err := s.HTTP.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -129,7 +137,7 @@ func (s *Stack) Do(ctx context.Context, method, path string, body any) (int, []b
 }
 
 // CreateConversation creates a conversation through the API.
-func (s *Stack) CreateConversation(tb testing.TB, id string) {
+func (s *Client) CreateConversation(tb testing.TB, id string) {
 	tb.Helper()
 	status, body, err := s.Do(context.Background(), http.MethodPost, "/v1/conversations", map[string]string{"id": id})
 	if err != nil || (status != http.StatusCreated && status != http.StatusOK) {
@@ -139,7 +147,7 @@ func (s *Stack) CreateConversation(tb testing.TB, id string) {
 
 // Post sends a user message through the API, which answers once the
 // message and its outbox row committed.
-func (s *Stack) Post(ctx context.Context, conversation, id, content string) error {
+func (s *Client) Post(ctx context.Context, conversation, id, content string) error {
 	status, body, err := s.Do(ctx, http.MethodPost, "/v1/conversations/"+url.PathEscape(conversation)+"/messages",
 		map[string]string{"id": id, "content": content})
 	if err != nil {

@@ -147,8 +147,9 @@ func openPoolSized(ctx context.Context, db config.Database, maxConns int32) (*pg
 }
 
 // newPool makes the pool of db's URL, of up to maxConns connections unless
-// the URL names its own pool_max_conns, without connecting yet.
-func newPool(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.Config, *pgxpool.Pool, error) {
+// the URL names its own pool_max_conns, without connecting yet; each of
+// configure adjusts the pool's settings first.
+func newPool(ctx context.Context, db config.Database, maxConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Config, *pgxpool.Pool, error) {
 	if err := db.Validate(); err != nil {
 		return nil, nil, &UsageError{Err: err}
 	}
@@ -158,6 +159,9 @@ func newPool(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.
 	}
 	if maxConns > 0 && !strings.Contains(db.DatabaseURL, "pool_max_conns") {
 		cfg.MaxConns = maxConns
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	return cfg, pool, err
@@ -172,8 +176,8 @@ func newPool(ctx context.Context, db config.Database, maxConns int32) (*pgxpool.
 // that does not parse, a refused login, a database that does not exist.
 // Exiting instead would leave the component to a supervisor, which under
 // Kubernetes holds back a container that keeps exiting for minutes.
-func openServicePool(ctx context.Context, db config.Database, maxConns int32, log zerolog.Logger) (*pgxpool.Pool, error) {
-	cfg, pool, err := newPool(ctx, db, maxConns)
+func openServicePool(ctx context.Context, db config.Database, maxConns int32, log zerolog.Logger, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	cfg, pool, err := newPool(ctx, db, maxConns, configure...)
 	if err != nil {
 		return nil, err
 	}

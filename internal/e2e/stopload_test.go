@@ -153,7 +153,10 @@ func BenchmarkStopUnderLoad(b *testing.B) {
 		s := startStopLoad(b)
 		took := s.run(b, "calm", 100, false)
 		s.run(b, "killed", 100, true)
-		b.ReportMetric(float64(bench.Percentile(took, 50).Microseconds())/1000, "stop_p50_ms")
-		b.ReportMetric(float64(bench.Percentile(took, 99).Microseconds())/1000, "stop_p99_ms")
+		p50, p99 := bench.Percentile(took, 50), bench.Percentile(took, 99)
+		b.ReportMetric(float64(p50.Microseconds())/1000, "stop_p50_ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "stop_p99_ms")
+		bench.Record(b, bench.Figure{ID: "S1a", Name: fmt.Sprintf("stop of a turn mid-reply, request to stopped reply committed, p50 (%d stops, 100 turns streaming)", len(took)), Value: bench.Ms(p50)})
+		bench.Record(b, bench.Figure{ID: "S1b", Name: "same, p99", Value: bench.Ms(p99)})
 	}
 }
