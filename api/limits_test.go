@@ -207,14 +207,16 @@ func TestAnEventStreamOutlivesTheReadAndWriteTimeouts(t *testing.T) {
 	_, _, err := batonnats.ProvisionEventsStream(ctx, js, batonnats.EventsConfig{}, batonnats.ProvisionOptions{})
 	require.NoError(t, err)
 	cfg := shortTimeouts()
-	cfg.ReadTimeout, cfg.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
+	// Short, yet long enough for the test's own requests to be answered
+	// within them on a loaded machine: they are cut off at the timeouts.
+	cfg.ReadTimeout, cfg.WriteTimeout = time.Second, time.Second
 	b := setupEdge(t, cfg, js)
 	b.createConversation(t, b.alice, "c1")
 
 	s := openSSE(t, b.srv.URL+convPath("c1", "/events"), b.alice, "")
 	require.Equal(t, "ready", s.next(t).Event)
 	// Both timeouts pass while the stream is open...
-	<-time.After(4 * cfg.WriteTimeout)
+	<-time.After(5 * cfg.WriteTimeout / 2)
 	// ...and it still delivers.
 	require.Equal(t, http.StatusAccepted, b.do(t, b.alice, "POST", convPath("c1", "/messages"), map[string]any{"id": "m1", "content": "hi"}).Status)
 	var ev batonnats.ConversationEvent
