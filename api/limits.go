@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // The defaults of the HTTP edge's limits: what a chat product would pick.
@@ -266,68 +264,11 @@ func (sw *streamWriter) Flush() { _ = sw.FlushError() }
 // Unwrap lets http.ResponseController reach the connection.
 func (sw *streamWriter) Unwrap() http.ResponseWriter { return sw.ResponseWriter }
 
-// messageLimiter is a token bucket per user for posting messages: a user
-// who floods is refused without slowing anyone else down.
-type messageLimiter struct {
-	limit rate.Limit
-	burst int
-	// idle is how long a bucket takes to fill up from empty: a bucket
-	// unused for that long is full, the same as a new one, so it is
-	// dropped. Memory holds the users active in the last two idle spans.
-	idle time.Duration
-
-	mu        sync.Mutex
-	buckets   map[int64]*bucket
-	lastSweep time.Time
-}
-
-type bucket struct {
-	lim  *rate.Limiter
-	seen time.Time
-}
-
-func newMessageLimiter(perMinute, burst int) *messageLimiter {
-	limit := rate.Limit(float64(perMinute) / 60)
-	return &messageLimiter{
-		limit:   limit,
-		burst:   burst,
-		idle:    time.Duration(float64(burst) / float64(limit) * float64(time.Second)),
-		buckets: make(map[int64]*bucket),
-	}
-}
-
-// take takes one message from the user's bucket, or says how long until
-// one is there.
-func (l *messageLimiter) take(userID int64, now time.Time) (wait time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.lastSweep) >= l.idle {
-		l.lastSweep = now
-		for id, b := range l.buckets {
-			if now.Sub(b.seen) >= l.idle {
-				delete(l.buckets, id)
-			}
-		}
-	}
-	b := l.buckets[userID]
-	if b == nil {
-		b = &bucket{lim: rate.NewLimiter(l.limit, l.burst)}
-		l.buckets[userID] = b
-	}
-	b.seen = now
-	res := b.lim.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
-		res.CancelAt(now)
-		return d
-	}
-	return 0
-}
-
 // limitMessages refuses a user's message with 429 while their bucket is
 // empty.
 func (s *Server) limitMessages(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if wait := s.messages.take(userFrom(r.Context()).ID, time.Now()); wait > 0 {
+		if wait := s.messages.Take(userFrom(r.Context()).ID, time.Now()); wait > 0 {
 			s.metrics.limited.WithLabelValues("messages").Inc()
 			(&limitError{
 				status: http.StatusTooManyRequests, code: "rate_limited", retryAfter: wait,

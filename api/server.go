@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/batonhq/baton/internal/keyedlimit"
 	"github.com/batonhq/baton/internal/setting"
 	"github.com/batonhq/baton/jwtauth"
 	batonnats "github.com/batonhq/baton/nats"
@@ -259,7 +260,8 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 
-	messages *messageLimiter
+	// messages is a token bucket per user for posting messages.
+	messages *keyedlimit.Limiter[int64]
 	streams  *streamLimiter
 	// jwt verifies JWTs; nil when none is accepted.
 	jwt *jwtauth.Verifier
@@ -292,7 +294,7 @@ func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream) (*Server, error
 	}
 	s := &Server{cfg: cfg, pool: pool, js: js, log: *cfg.Logger, metrics: m, mux: http.NewServeMux(),
 		eventsCfg: cfg.Events, closing: make(chan struct{}),
-		messages: newMessageLimiter(cfg.MessagesPerMinute, cfg.MessageBurst),
+		messages: keyedlimit.New[int64](cfg.MessagesPerMinute, cfg.MessageBurst),
 		streams:  newStreamLimiter(cfg.MaxStreamsPerUser, cfg.MaxStreams)}
 	if s.jwt, err = jwtauth.New(cfg.JWT); err != nil {
 		return nil, setting.Within("JWT", err)

@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/batonhq/baton/internal/keyedlimit"
 	"github.com/batonhq/baton/jwtauth"
 	"github.com/batonhq/baton/schema"
 )
@@ -51,7 +52,7 @@ type Server struct {
 	js      jetstream.JetStream
 	jwt     *jwtauth.Verifier
 	log     zerolog.Logger
-	signIns *signInLimiter
+	signIns *keyedlimit.Limiter[string]
 	pages   map[string]*template.Template
 	mux     *http.ServeMux
 
@@ -72,7 +73,7 @@ func New(cfg Config, db DB, js jetstream.JetStream) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, db: db, js: js, log: *cfg.Logger, signIns: newSignInLimiter(cfg.SignInPerMinute, cfg.SignInBurst)}
+	s := &Server{cfg: cfg, db: db, js: js, log: *cfg.Logger, signIns: keyedlimit.New[string](cfg.SignInPerMinute, cfg.SignInBurst)}
 	if cfg.JWT.Enabled() {
 		jwtCfg := cfg.JWT
 		jwtCfg.Logger = cfg.Logger

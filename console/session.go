@@ -205,7 +205,7 @@ func (s *Server) renderSignIn(w http.ResponseWriter, r *http.Request, status int
 // signIn checks the token of the form, starts a session and records the
 // sign-in. Attempts are limited per client address.
 func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
-	if wait := s.signIns.take(clientAddress(r), time.Now()); wait > 0 {
+	if wait := s.signIns.Take(clientAddress(r), time.Now()); wait > 0 {
 		w.Header().Set("Retry-After", retryAfter(wait))
 		s.renderSignIn(w, r, http.StatusTooManyRequests, "Too many sign-in attempts from this address: try again in "+shortDuration(wait.Round(time.Second))+".")
 		return
